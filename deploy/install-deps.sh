@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs the Debian packages gradlane needs to build, test and run — only those missing.
+# Idempotent and non-interactive; run as root on Debian 12.
+#   deploy/install-deps.sh            build + test dependencies
+#   deploy/install-deps.sh --profiles also python3-torch/torchvision (only to regenerate
+#                                     tests/data/models/*.json; not needed to build or test)
+set -euo pipefail
+
+packages=(
+  build-essential meson ninja-build pkg-config git python3
+  libabsl-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libdpdk-dev dpdk libibverbs-dev librdmacm-dev ibverbs-providers
+  prometheus-cpp-dev libsystemd-dev
+  iproute2 iperf3 procps
+)
+if [[ "${1:-}" == "--profiles" ]]; then
+  packages+=(python3-torch python3-torchvision)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"
