@@ -14,7 +14,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-absl::Status Invalid(std::string_view msg) { return absl::InvalidArgumentError(msg); }
+absl::Status Invalid(const std::string& msg) { return absl::InvalidArgumentError(msg); }
 
 // Finds one cycle among the ops Kahn's algorithm could not order, for an error message that
 // lets the author of a DAG file find the edge to remove.
@@ -103,11 +103,11 @@ absl::StatusOr<Dag> Dag::Create(std::vector<DagTensor> tensors, std::vector<DagO
       }
     } else {
       if (op.tensor < 0 || op.tensor >= n_tensors) {
-        return Invalid(absl::StrCat(OpKindName(op.kind), " op '", op.name,
+        return Invalid(absl::StrCat(std::string(OpKindName(op.kind)), " op '", op.name,
                                     "' names no valid tensor"));
       }
       if (op.duration != 0) {
-        return Invalid(absl::StrCat(OpKindName(op.kind), " op '", op.name,
+        return Invalid(absl::StrCat(std::string(OpKindName(op.kind)), " op '", op.name,
                                     "' has a duration; communication time comes from its "
                                     "tensor's bytes"));
       }
@@ -115,7 +115,7 @@ absl::StatusOr<Dag> Dag::Create(std::vector<DagTensor> tensors, std::vector<DagO
           op.kind == OpKind::kRecv ? dag.recv_of_ : dag.send_of_;
       if (slot[op.tensor] != -1) {
         return Invalid(absl::StrCat("tensor '", tensors[op.tensor].name, "' has two ",
-                                    OpKindName(op.kind), " ops: '", ops[slot[op.tensor]].name,
+                                    std::string(OpKindName(op.kind)), " ops: '", ops[slot[op.tensor]].name,
                                     "' and '", op.name, "'"));
       }
       slot[op.tensor] = i;
