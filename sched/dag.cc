@@ -1,5 +1,6 @@
 #include "sched/dag.h"
 
+#include <algorithm>
 #include <cmath>
 #include <queue>
 #include <utility>
@@ -43,12 +44,13 @@ std::string DescribeCycle(const std::vector<DagOp>& ops, const std::vector<bool>
     }
     cur = next;
   }
-  // walk[pos[cur]..] is the cycle in reverse dependency order; print it dep -> dependent.
+  // walk[pos[cur]..] is the cycle in reverse dependency order; print it dep -> dependent,
+  // starting from its first-listed op so the message does not depend on the walk.
+  std::vector<int> cycle(walk.rbegin(), walk.rend() - pos[cur]);
+  std::rotate(cycle.begin(), std::min_element(cycle.begin(), cycle.end()), cycle.end());
   std::vector<std::string> names;
-  for (int i = static_cast<int>(walk.size()) - 1; i >= pos[cur]; --i) {
-    names.push_back(ops[walk[i]].name);
-  }
-  names.push_back(ops[walk.back()].name);
+  for (int op : cycle) names.push_back(ops[op].name);
+  names.push_back(ops[cycle.front()].name);
   return absl::StrJoin(names, " -> ");
 }
 
