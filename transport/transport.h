@@ -1,0 +1,222 @@
+// transport/transport.h — the one transport interface the daemon's engine drives.
+//
+// A transport moves segments between this host's daemon and its peer daemons: connect to a peer
+// (with retry and exponential back-off), register memory regions, post a segment send straight
+// from a region, receive each segment straight into a region chosen by the engine (the
+// "receive target resolver"), report completions, and expose live statistics.
+//
+// How the interface is expressed (the eRPC choice): the backend is a compile-time parameter of
+// the engine (`Engine<TcpTransport>`, `Engine<FakeTransport>`, later dpdk/verbs), checked by the
+// `Transport` concept below. Backends are concrete `final` classes, so PostSend_st and
+// Progress_st are direct calls that inline; there is no virtual call into the transport. The
+// other direction — completions into the engine — goes through TransportHandler, an abstract
+// class: one indirect call per completed segment, which is noise next to the syscall or DMA
+// that completed it, and it lets every backend compile once and share one engine handler.
+//
+// Threading: every method with the `_st` suffix (including the control ops) must be called from
+// one thread, the engine thread that owns the transport; handler callbacks run on that thread,
+// inside Progress_st (or inside Disconnect_st for its own peer). Stats() and PeerStatsOf() may be
+// called from any thread (metrics): they read relaxed atomics.
+//
+// Completion guarantees (every backend):
+//   - Sends to one peer go on the wire in PostSend_st order; a peer delivers and acknowledges
+//     them in that order.
+//   - Each posted send ends in exactly one of OnSendAcked_st or OnSendFailed_st; before that it
+//     may get OnSendDone_st (payload handed to the kernel/NIC: the source may be overwritten
+//     only after OnSendAcked_st/OnSendFailed_st for backends that DMA late, so the engine waits
+//     for those).
+//   - A peer that resets, closes, or stops making progress while work is pending for longer than
+//     TransportOptions::peer_timeout gets all its pending sends failed (in order), then
+//     OnPeerDown_st — never a hang.
+//   - Bad input from a peer is counted in Stats() and closes that connection; the transport
+//     itself carries on.
+#ifndef GRADLANE_TRANSPORT_TRANSPORT_H_
+#define GRADLANE_TRANSPORT_TRANSPORT_H_
+
+#include <array>
+#include <atomic>
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sched/types.h"
+#include "transport/wire.h"
+
+namespace gradlane::transport {
+
+using sched::TimeNs;
+
+// One connection to one peer daemon for one job. Holds a slot index and a generation, so a
+// handle kept after its peer went down never aliases a later connection.
+using PeerHandle = uint32_t;
+inline constexpr PeerHandle kNoPeer = 0xFFFFFFFFu;
+
+// A registered memory region (for TCP: a bounds-checked base pointer; for verbs: an MR).
+using RegionId = uint32_t;
+inline constexpr RegionId kNoRegion = 0xFFFFFFFFu;
+
+struct TransportOptions {
+  // Where to accept peers: numeric IPv4 or IPv6 ("0.0.0.0", "127.0.0.1", "::1"); port 0 picks
+  // a free port (Listen_st returns it).
+  std::string listen_address = "0.0.0.0";
+  uint16_t listen_port = 0;
+  // A peer that makes no progress (no byte received from it, none written to it) for this long
+  // while sends to it are pending, or that does not finish a handshake in this time, is down.
+  TimeNs peer_timeout = 10 * sched::kSecond;
+  // Connect retry: first back-off, cap, and how long to keep trying before reporting the peer
+  // down. A single attempt (TCP connect + handshake) is abandoned after attempt_timeout.
+  TimeNs connect_initial_backoff = 20 * sched::kMillisecond;
+  TimeNs connect_max_backoff = 1 * sched::kSecond;
+  TimeNs connect_deadline = 60 * sched::kSecond;
+  TimeNs connect_attempt_timeout = 2 * sched::kSecond;
+  // Largest segment accepted from a peer (payload_bytes is 32-bit on the wire).
+  uint64_t max_segment_bytes = 256ull << 20;
+  // Preallocation: connections (inbound + outbound), sends queued or unacknowledged per peer
+  // (rounded up to a power of two; PostSend_st past it is ResourceExhausted), regions.
+  uint32_t max_connections = 64;
+  uint32_t max_pending_sends_per_peer = 1024;
+  uint32_t max_regions = 1024;
+  // SO_SNDBUF / SO_RCVBUF for peer sockets; 0 keeps the kernel's autotuning.
+  int socket_buffer_bytes = 0;
+};
+
+// What this daemon proves to, and demands from, the peers of one job.
+struct JobCredentials {
+  uint64_t job_id = 0;
+  uint16_t local_rank = 0;
+  uint16_t world_size = 0;
+  std::string token;  // shared secret, at most kMaxTokenBytes bytes
+};
+
+// One segment to send: the wire description plus where its bytes live locally.
+struct SendSpec {
+  sched::SegmentKey key = 0;
+  int64_t iteration = 0;
+  uint64_t offset = 0;  // within the tensor (goes on the wire)
+  uint64_t length = 0;
+  sched::Priority priority = 0;
+  sched::DType dtype = sched::DType::kF32;
+  sched::Direction direction = sched::Direction::kPush;
+  RegionId region = kNoRegion;  // payload = region base + region_offset, `length` bytes
+  uint64_t region_offset = 0;
+  uint64_t cookie = 0;  // opaque to the transport; returned in the completion
+};
+
+struct SendCompletion {
+  PeerHandle peer = kNoPeer;
+  uint64_t cookie = 0;
+  sched::SegmentKey key = 0;
+  int64_t iteration = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// Where the payload of an incoming segment goes. The transport bounds-checks it against the
+// region and writes exactly header.length bytes at region_offset.
+struct RecvTarget {
+  bool accept = false;
+  RegionId region = kNoRegion;
+  uint64_t region_offset = 0;
+  uint64_t cookie = 0;  // returned in OnRecvDone_st
+
+  static RecvTarget Reject() { return RecvTarget{}; }
+  static RecvTarget Into(RegionId region, uint64_t region_offset, uint64_t cookie = 0) {
+    return RecvTarget{true, region, region_offset, cookie};
+  }
+};
+
+struct PeerInfo {
+  PeerHandle handle = kNoPeer;
+  uint64_t job_id = 0;
+  uint16_t rank = 0;     // the peer's rank in the job (valid once up)
+  bool inbound = false;  // it dialed us
+};
+
+// Callbacks from the transport into the engine. Engine thread only, from inside Progress_st.
+// Callbacks may call PostSend_st and Disconnect_st on the same transport.
+class TransportHandler {
+ public:
+  virtual ~TransportHandler() = default;
+  // Handshake done; sends to this peer may flow (sends posted earlier now go out).
+  virtual void OnPeerUp_st(const PeerInfo& peer) = 0;
+  // The peer is gone (reset, closed, timed out, rejected us, connect deadline passed). Pending
+  // sends were failed just before this. The handle is dead afterwards.
+  virtual void OnPeerDown_st(const PeerInfo& peer, const absl::Status& why) = 0;
+  // The whole frame has been handed to the kernel/NIC.
+  virtual void OnSendDone_st(const SendCompletion& send) = 0;
+  // The peer placed the segment in its destination and said so; credit may return.
+  virtual void OnSendAcked_st(const SendCompletion& send, TimeNs now) = 0;
+  // The send will never be acknowledged: peer down, or the peer had nowhere to put it.
+  virtual void OnSendFailed_st(const SendCompletion& send, const absl::Status& why) = 0;
+  // A segment header arrived: where should its payload go? Reject() discards the payload
+  // (counted) and tells the sender its send failed.
+  virtual RecvTarget ResolveRecv_st(const PeerInfo& peer, const FrameHeader& header) = 0;
+  // The payload is in place (the transport acknowledges it to the sender after this returns).
+  virtual void OnRecvDone_st(const PeerInfo& peer, const FrameHeader& header,
+                             const RecvTarget& target, TimeNs now) = 0;
+};
+
+// A counter written by the engine thread only and read by anyone: a relaxed load+store (no
+// locked instruction on the data path), readers see a recent value.
+class StatCounter {
+ public:
+  void Add_st(uint64_t n) { v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  uint64_t Get() const { return v_.load(std::memory_order_relaxed); }
+  void Reset_st() { v_.store(0, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> v_{0};
+};
+
+struct PeerStats {
+  uint64_t bytes_sent = 0;      // payload bytes handed to the kernel
+  uint64_t bytes_received = 0;  // payload bytes placed in destinations
+  uint64_t frames_sent = 0;     // data frames
+  uint64_t frames_received = 0;
+  uint64_t acks_sent = 0;
+  uint64_t acks_received = 0;
+  uint64_t sends_failed = 0;
+};
+
+struct TransportStats {
+  // Malformed or refused input, by kind (index = WireError). kNoTarget counts resolver rejects.
+  std::array<uint64_t, kWireErrorCount> errors{};
+  uint64_t connect_attempts = 0;
+  uint64_t connect_retries = 0;
+  uint64_t peers_up = 0;
+  uint64_t peers_down = 0;
+  uint64_t peer_resets = 0;       // reset or closed by the peer
+  uint64_t peer_timeouts = 0;     // declared down for lack of progress
+  uint64_t accepts_refused = 0;   // no free connection slot
+  PeerStats total;                // sum over all peers ever connected
+  uint64_t malformed() const {
+    uint64_t n = 0;
+    for (size_t i = 1; i <= static_cast<size_t>(WireError::kBadField); ++i) n += errors[i];
+    return n;
+  }
+};
+
+// What the engine needs from a backend. Control ops return absl::Status; the data path
+// (PostSend_st, Progress_st) is non-virtual on every backend.
+template <class T>
+concept Transport = requires(T t, const T ct, const JobCredentials& job, std::string_view addr,
+                             void* base, uint64_t bytes, PeerHandle peer, const SendSpec& spec,
+                             TimeNs now) {
+  { t.Listen_st() } -> std::same_as<absl::StatusOr<uint16_t>>;
+  { t.AddJob_st(job) } -> std::same_as<absl::Status>;
+  { t.Connect_st(job, addr, now) } -> std::same_as<absl::StatusOr<PeerHandle>>;
+  { t.Disconnect_st(peer, now) } -> std::same_as<void>;
+  { t.RegisterRegion_st(base, bytes) } -> std::same_as<absl::StatusOr<RegionId>>;
+  { t.UnregisterRegion_st(RegionId{}) } -> std::same_as<absl::Status>;
+  { t.PostSend_st(peer, spec) } -> std::same_as<absl::Status>;
+  { t.Progress_st(now, 0) } -> std::same_as<int>;
+  { ct.Stats() } -> std::same_as<TransportStats>;
+  { ct.PeerStatsOf(peer) } -> std::same_as<PeerStats>;
+};
+
+}  // namespace gradlane::transport
+
+#endif  // GRADLANE_TRANSPORT_TRANSPORT_H_
