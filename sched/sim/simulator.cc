@@ -1,1 +1,951 @@
-// placeholder: being written
+#include "sched/sim/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <map>
+#include <optional>
+#include <queue>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradlane::sched::sim {
+namespace {
+
+// A contiguous byte range of one tensor owned by one shard.
+struct OwnedRange {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  int owner = 0;
+};
+
+// The key → shard assignment, shared by every run on a profile and config so that policies
+// (and the ideal bound) move exactly the same bytes over the same paths.
+std::vector<std::vector<OwnedRange>> AssignShards(const ModelProfile& profile, int workers,
+                                                  uint64_t chunk_bytes) {
+  struct Chunk {
+    uint32_t tensor;
+    uint64_t offset;
+    uint64_t length;
+  };
+  std::vector<Chunk> chunks;
+  for (uint32_t t = 0; t < profile.layers.size(); ++t) {
+    const uint64_t bytes = profile.layers[t].param_bytes;
+    for (uint64_t off = 0; off < bytes; off += chunk_bytes) {
+      chunks.push_back({t, off, std::min(chunk_bytes, bytes - off)});
+    }
+  }
+  // Largest first onto the least-loaded shard balances bytes within one chunk of optimal.
+  std::stable_sort(chunks.begin(), chunks.end(),
+                   [](const Chunk& a, const Chunk& b) { return a.length > b.length; });
+  std::vector<uint64_t> load(workers, 0);
+  std::vector<std::vector<OwnedRange>> owned(profile.layers.size());
+  for (const Chunk& c : chunks) {
+    const int shard = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[shard] += c.length;
+    owned[c.tensor].push_back({c.offset, c.length, shard});
+  }
+  for (auto& ranges : owned) {
+    std::sort(ranges.begin(), ranges.end(),
+              [](const OwnedRange& a, const OwnedRange& b) { return a.offset < b.offset; });
+    std::vector<OwnedRange> merged;
+    for (const OwnedRange& r : ranges) {
+      if (!merged.empty() && merged.back().owner == r.owner &&
+          merged.back().offset + merged.back().length == r.offset) {
+        merged.back().length += r.length;
+      } else {
+        merged.push_back(r);
+      }
+    }
+    ranges = std::move(merged);
+  }
+  return owned;
+}
+
+// Counts, per byte of one key at one shard, how many of the W contributions arrived. Each source
+// sends each byte once per iteration, so a count of W means "ready to aggregate" whatever way
+// the sources cut their segments. Completed pieces are dropped to keep the map small.
+class Coverage {
+ public:
+  explicit Coverage(uint64_t bytes) { pieces_[0] = {bytes, 0}; }
+
+  // Adds one contribution of [begin, end); appends the ranges that became complete.
+  void Add(uint64_t begin, uint64_t end, int needed,
+           std::vector<std::pair<uint64_t, uint64_t>>& completed) {
+    Split(begin);
+    Split(end);
+    auto it = pieces_.lower_bound(begin);
+    while (it != pieces_.end() && it->first < end) {
+      if (++it->second.count >= needed) {
+        if (!completed.empty() && completed.back().second == it->first) {
+          completed.back().second = it->second.end;
+        } else {
+          completed.emplace_back(it->first, it->second.end);
+        }
+        it = pieces_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+ private:
+  struct Piece {
+    uint64_t end;
+    int count;
+  };
+  void Split(uint64_t at) {
+    auto it = pieces_.upper_bound(at);
+    if (it == pieces_.begin()) return;
+    --it;
+    if (it->first < at && at < it->second.end) {
+      pieces_[at] = {it->second.end, it->second.count};
+      it->second.end = at;
+    }
+  }
+  std::map<uint64_t, Piece> pieces_;
+};
+
+enum class EventType : uint8_t {
+  kComputeDone,
+  kGradientsReady,
+  kUplinkFree,
+  kDeliver,
+  kAck,
+  kAggDone,
+  kWakeup,
+  kIdealUpFree,
+  kIdealArrive,
+  kIdealSchedule,
+};
+
+struct Event {
+  TimeNs time;
+  uint64_t seq;
+  EventType type;
+  int32_t host;
+  int64_t a;
+  int64_t b;
+};
+
+struct EventLater {
+  bool operator()(const Event& x, const Event& y) const {
+    return std::tie(x.time, x.seq) > std::tie(y.time, y.seq);
+  }
+};
+
+struct Message {
+  int src = 0;
+  int dst = 0;
+  int64_t dispatch = -1;  // -1: no credit to return (the ideal network)
+  int64_t iteration = 0;  // for per-iteration accounting: the first segment's
+  uint64_t bytes = 0;
+  std::vector<Segment> segments;
+};
+
+struct DispatchRecord {
+  uint64_t bytes = 0;
+  int pending_messages = 0;
+};
+
+struct AggJob {
+  int64_t iteration;
+  uint32_t tensor;
+  uint64_t offset;
+  uint64_t length;
+};
+
+// A pending range in an ideal uplink or downlink queue, most urgent first: older iterations first
+// (their consumers come first), then by priority (`rank`), then stably by key and peer.
+struct IdealItem {
+  int64_t iteration;
+  int64_t rank;
+  uint32_t tensor;
+  uint64_t offset;
+  uint64_t end;
+  Priority priority;
+  Direction direction;
+  int peer;     // the other end: destination in an uplink queue, source in a downlink queue
+  int64_t seq;  // downlink queue only: arrival number, to keep entries distinct
+  bool operator<(const IdealItem& o) const {
+    return std::tie(iteration, rank, tensor, offset, peer, seq) <
+           std::tie(o.iteration, o.rank, o.tensor, o.offset, o.peer, o.seq);
+  }
+};
+
+// Which ports the ideal network constrains: one (the single-port relaxation, a lower bound) or
+// all of them (the full fluid network, a reference schedule).
+struct IdealPorts {
+  bool all = false;
+  int host = 0;
+  bool uplink = true;
+};
+
+struct Worker {
+  int64_t iteration = 0;
+  size_t layer = 0;  // 0..L-1: next forward layer; L: backward
+  bool busy = false;
+  bool done = false;
+  std::vector<TimeNs> start;  // S(k, w) for k = 0..total
+};
+
+struct Host {
+  std::unique_ptr<Policy> policy;
+  std::deque<int64_t> uplink_fifo;
+  bool uplink_busy = false;
+  TimeNs downlink_free = 0;
+  TimeNs wakeup_at = kNever;
+  TimeNs agg_free = 0;
+  // Ideal network.
+  bool ideal_up_busy = false;
+  bool ideal_down_busy = false;
+  std::set<IdealItem> ideal_up;    // ranges waiting for this uplink
+  std::set<IdealItem> ideal_down;  // pieces whose first bit reached this downlink
+  // Accounting over the measured iterations.
+  LinkStats stats;
+};
+
+class Engine {
+ public:
+  Engine(const ModelProfile& profile, const SimConfig& config, bool ideal,
+         IdealPorts ports = {})
+      : profile_(profile), config_(config), ideal_(ideal), ports_(ports), w_(config.workers) {}
+
+  absl::StatusOr<SimResult> Run(const PolicyFactory* factory, std::string_view label);
+
+ private:
+  TimeNs TxNs(uint64_t bytes) const {
+    const long double ns = static_cast<long double>(bytes) * 8e9L /
+                           static_cast<long double>(config_.bandwidth_bits_per_s);
+    return static_cast<TimeNs>(std::llround(ns));
+  }
+  bool Measured(int64_t iteration) const {
+    return iteration >= config_.warmup_iterations && iteration < total_;
+  }
+  void Push(TimeNs t, EventType type, int host, int64_t a = 0, int64_t b = 0) {
+    events_.push(Event{t, seq_++, type, host, a, b});
+  }
+  void Fail(absl::Status status) {
+    if (error_.ok()) error_ = std::move(status);
+  }
+
+  void TryAdvance(int w, TimeNs now);
+  void OnGradientsReady(int w, int64_t iteration, size_t group, TimeNs now);
+  void ShardAdd(int shard, int64_t iteration, uint32_t tensor, uint64_t begin, uint64_t end,
+                TimeNs now);
+  void Aggregated(int shard, const AggJob& job, TimeNs now);
+  void WorkerReceive(int w, int64_t iteration, uint32_t tensor, uint64_t bytes, TimeNs now);
+  void Enqueue(int host, const ReadyRange& range, TimeNs now);
+
+  // Policy network.
+  void Pump(int host, TimeNs now);
+  void Commit(int host, const Dispatch& d, TimeNs now);
+  void StartUplink(int host, TimeNs now);
+  void Deliver(int64_t msg_id, TimeNs now);
+  void Ack(int64_t msg_id, TimeNs now);
+  // Ideal network.
+  void RequestIdealSchedule(TimeNs now);
+  void IdealSchedule(TimeNs now);
+  void IdealArrive(int64_t msg_id, TimeNs now);
+
+  int64_t NewMessage();
+  // Priority order; within a layer a pull first (it is one hop from its consumer).
+  static int64_t IdealRank(Priority priority, Direction direction) {
+    return 2 * static_cast<int64_t>(priority) + (direction == Direction::kPush ? 1 : 0);
+  }
+  bool UpConstrained(int h) const { return ports_.all || (ports_.uplink && ports_.host == h); }
+  bool DownConstrained(int h) const {
+    return ports_.all || (!ports_.uplink && ports_.host == h);
+  }
+  void FreeMessage(int64_t id) { free_messages_.push_back(id); }
+
+  const ModelProfile& profile_;
+  const SimConfig& config_;
+  const bool ideal_;
+  const IdealPorts ports_;
+  int64_t arrivals_ = 0;
+  const int w_;
+  int64_t total_ = 0;
+  uint64_t ideal_piece_ = 0;
+  TimeNs backward_ns_ = 0;
+  std::vector<Priority> priority_;
+  std::vector<std::vector<OwnedRange>> owned_;
+  // Gradient release groups: distinct ready times, tensors released together.
+  std::vector<std::pair<TimeNs, std::vector<uint32_t>>> ready_groups_;
+
+  std::vector<Worker> workers_;
+  std::vector<Host> hosts_;
+  // Per worker: bytes of each (iteration, tensor) result received.
+  std::vector<std::vector<uint64_t>> received_;  // [w][iteration * L + tensor]
+  // Per shard: contributions of each (iteration, tensor), created on first touch.
+  std::vector<std::map<std::pair<int64_t, uint32_t>, Coverage>> coverage_;
+  std::vector<uint64_t> coverage_left_;  // [shard][iteration * L + tensor] bytes·W to go
+  std::vector<AggJob> agg_jobs_;
+
+  std::vector<Message> messages_;
+  std::vector<int64_t> free_messages_;
+  std::vector<DispatchRecord> dispatches_;
+  std::vector<int64_t> free_dispatches_;
+  std::vector<std::pair<uint64_t, uint64_t>> completed_scratch_;
+  Dispatch dispatch_scratch_;
+  bool ideal_schedule_pending_ = false;
+
+  std::priority_queue<Event, std::vector<Event>, EventLater> events_;
+  uint64_t seq_ = 0;
+  int64_t processed_ = 0;
+  absl::Status error_;
+};
+
+int64_t Engine::NewMessage() {
+  if (!free_messages_.empty()) {
+    const int64_t id = free_messages_.back();
+    free_messages_.pop_back();
+    messages_[id].segments.clear();
+    return id;
+  }
+  messages_.emplace_back();
+  return static_cast<int64_t>(messages_.size()) - 1;
+}
+
+absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory,
+                                      std::string_view label_view) {
+  const std::string label(label_view);
+  const size_t num_layers = profile_.layers.size();
+  total_ = config_.warmup_iterations + config_.measured_iterations;
+  backward_ns_ = profile_.BackwardNs();
+  priority_.resize(num_layers);
+  for (size_t i = 0; i < num_layers; ++i) {
+    priority_[i] = config_.priorities.empty() ? static_cast<Priority>(i) : config_.priorities[i];
+  }
+  owned_ = AssignShards(profile_, w_, config_.shard_partition_bytes);
+  {
+    std::map<TimeNs, std::vector<uint32_t>> groups;
+    // Within a group, later layers first: the order backward produces them in.
+    for (size_t i = num_layers; i-- > 0;) {
+      if (profile_.layers[i].param_bytes > 0) {
+        groups[profile_.layers[i].ready_ns].push_back(static_cast<uint32_t>(i));
+      }
+    }
+    for (auto& [t, tensors] : groups) ready_groups_.emplace_back(t, std::move(tensors));
+  }
+  if (ideal_) {
+    const double bytes_per_s = config_.bandwidth_bits_per_s / 8.0;
+    ideal_piece_ = config_.ideal_granularity_bytes;
+    if (ideal_piece_ == 0) {
+      const double auto_piece = std::clamp(bytes_per_s * 20e-6, 16384.0, 1048576.0);
+      ideal_piece_ = static_cast<uint64_t>(auto_piece);
+    }
+  }
+
+  workers_.assign(w_, Worker{});
+  for (Worker& wk : workers_) wk.start.assign(total_ + 1, kNever);
+  hosts_.resize(w_);
+  received_.assign(w_, std::vector<uint64_t>(total_ * num_layers, 0));
+  coverage_.assign(w_, {});
+  coverage_left_.assign(static_cast<size_t>(w_) * total_ * num_layers, 0);
+  for (size_t t = 0; t < num_layers; ++t) {
+    for (const OwnedRange& r : owned_[t]) {
+      for (int64_t k = 0; k < total_; ++k) {
+        coverage_left_[(r.owner * total_ + k) * num_layers + t] += r.length * w_;
+      }
+    }
+  }
+
+  const double bytes_per_s = config_.bandwidth_bits_per_s / 8.0;
+  for (int h = 0; h < w_; ++h) {
+    Host& host = hosts_[h];
+    if (ideal_) continue;
+    absl::StatusOr<std::unique_ptr<Policy>> policy = (*factory)();
+    if (!policy.ok()) return policy.status();
+    if (*policy == nullptr) return absl::InternalError("policy factory returned null");
+    host.policy = std::move(*policy);
+    for (size_t t = 0; t < num_layers; ++t) {
+      if (profile_.layers[t].param_bytes == 0) continue;
+      host.policy->RegisterTensor(TensorSpec{static_cast<uint32_t>(t),
+                                             profile_.layers[t].param_bytes, DType::kF32,
+                                             priority_[t]});
+    }
+    // The configured link, and the round trip of a small message: θ plus latency both ways.
+    host.policy->OnLinkEstimate(bytes_per_s, 2 * config_.latency_ns + config_.overhead_ns);
+  }
+
+  for (int w = 0; w < w_; ++w) TryAdvance(w, 0);
+
+  while (!events_.empty() && error_.ok()) {
+    const Event e = events_.top();
+    events_.pop();
+    if (++processed_ > config_.max_events) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(label, ": more than ", config_.max_events,
+                       " events; the policy seems to make no progress"));
+    }
+    switch (e.type) {
+      case EventType::kComputeDone: {
+        Worker& wk = workers_[e.host];
+        wk.busy = false;
+        if (wk.layer < num_layers) {
+          ++wk.layer;
+        } else {
+          wk.layer = 0;
+          ++wk.iteration;
+        }
+        TryAdvance(e.host, e.time);
+        break;
+      }
+      case EventType::kGradientsReady:
+        OnGradientsReady(e.host, e.a, static_cast<size_t>(e.b), e.time);
+        break;
+      case EventType::kUplinkFree:
+        hosts_[e.host].uplink_busy = false;
+        StartUplink(e.host, e.time);
+        break;
+      case EventType::kDeliver:
+        Deliver(e.a, e.time);
+        break;
+      case EventType::kAck:
+        Ack(e.a, e.time);
+        break;
+      case EventType::kAggDone:
+        Aggregated(e.host, agg_jobs_[e.a], e.time);
+        break;
+      case EventType::kWakeup:
+        if (hosts_[e.host].wakeup_at == e.time) {
+          hosts_[e.host].wakeup_at = kNever;
+          Pump(e.host, e.time);
+        }
+        break;
+      case EventType::kIdealUpFree:
+        hosts_[e.host].ideal_up_busy = false;
+        RequestIdealSchedule(e.time);
+        break;
+      case EventType::kIdealArrive:
+        IdealArrive(e.a, e.time);
+        break;
+      case EventType::kIdealSchedule:
+        ideal_schedule_pending_ = false;
+        IdealSchedule(e.time);
+        break;
+    }
+  }
+  if (!error_.ok()) return error_;
+
+  for (int w = 0; w < w_; ++w) {
+    if (!workers_[w].done) {
+      std::string detail;
+      for (int h = 0; h < w_; ++h) {
+        if (hosts_[h].policy != nullptr) {
+          absl::StrAppend(&detail, " host ", h, ": ", hosts_[h].policy->queued_segments(),
+                          " segments queued, ", hosts_[h].policy->credit_in_use(),
+                          " credit bytes in use;");
+        }
+      }
+      return absl::InternalError(absl::StrCat(
+          label, ": stalled: worker ", w, " stuck in iteration ", workers_[w].iteration,
+          " layer ", workers_[w].layer, " with no event left;", detail));
+    }
+  }
+
+  SimResult result;
+  result.policy = std::string(label);
+  result.compute_ns = profile_.ComputeNs();
+  auto latest_start = [&](int64_t k) {
+    TimeNs s = 0;
+    for (const Worker& wk : workers_) s = std::max(s, wk.start[k]);
+    return s;
+  };
+  for (int64_t k = config_.warmup_iterations; k < total_; ++k) {
+    result.iteration_ns.push_back(latest_start(k + 1) - latest_start(k));
+  }
+  const double measured = config_.measured_iterations;
+  result.mean_iteration_ns =
+      static_cast<double>(latest_start(total_) - latest_start(config_.warmup_iterations)) /
+      measured;
+  const double t = result.mean_iteration_ns;
+  const double c = static_cast<double>(result.compute_ns);
+  result.gpu_idle_share = t > 0 ? (t - c) / t : 0.0;
+  double busiest = 0;
+  for (Host& host : hosts_) {
+    LinkStats s = host.stats;
+    s.up_bytes /= measured;
+    s.down_bytes /= measured;
+    s.up_busy_ns /= measured;
+    s.down_busy_ns /= measured;
+    s.up_messages /= measured;
+    busiest = std::max({busiest, s.up_bytes, s.down_bytes});
+    result.links.push_back(s);
+  }
+  result.comm_ns = busiest * 8e9 / config_.bandwidth_bits_per_s;
+  const double n = result.comm_ns;
+  result.alpha = n > 0 && c > 0 ? (n + c - t) / std::min(n, c)
+                                : std::numeric_limits<double>::quiet_NaN();
+  result.rho = Rho(profile_, config_);
+  result.events = processed_;
+  return result;
+}
+
+void Engine::TryAdvance(int w, TimeNs now) {
+  Worker& wk = workers_[w];
+  const size_t num_layers = profile_.layers.size();
+  if (wk.busy || wk.done) return;
+  if (wk.layer < num_layers) {
+    const size_t i = wk.layer;
+    // Layer i of iteration k uses the parameters updated by iteration k−1's pulled result.
+    if (wk.iteration > 0 && profile_.layers[i].param_bytes > 0 &&
+        received_[w][(wk.iteration - 1) * num_layers + i] < profile_.layers[i].param_bytes) {
+      return;  // WorkerReceive calls back when the result is complete
+    }
+    if (i == 0) {
+      wk.start[wk.iteration] = now;
+      if (wk.iteration == total_) {
+        wk.done = true;
+        return;
+      }
+    }
+    wk.busy = true;
+    Push(now + profile_.layers[i].fwd_ns, EventType::kComputeDone, w);
+    return;
+  }
+  wk.busy = true;
+  for (size_t g = 0; g < ready_groups_.size(); ++g) {
+    Push(now + ready_groups_[g].first, EventType::kGradientsReady, w, wk.iteration,
+         static_cast<int64_t>(g));
+  }
+  Push(now + backward_ns_, EventType::kComputeDone, w);
+}
+
+void Engine::OnGradientsReady(int w, int64_t iteration, size_t group, TimeNs now) {
+  for (uint32_t t : ready_groups_[group].second) {
+    const ModelLayer& layer = profile_.layers[t];
+    for (const OwnedRange& r : owned_[t]) {
+      if (r.owner == w) {
+        ShardAdd(w, iteration, t, r.offset, r.offset + r.length, now);
+      } else {
+        ReadyRange range;
+        range.tensor_id = t;
+        range.priority = priority_[t];
+        range.dtype = DType::kF32;
+        range.direction = Direction::kPush;
+        range.peer = static_cast<uint16_t>(r.owner);
+        range.iteration = iteration;
+        range.tensor_bytes = layer.param_bytes;
+        range.offset = r.offset;
+        range.length = r.length;
+        Enqueue(w, range, now);
+      }
+    }
+  }
+  if (!ideal_) Pump(w, now);
+}
+
+void Engine::Enqueue(int host, const ReadyRange& range, TimeNs now) {
+  if (ideal_) {
+    hosts_[host].ideal_up.insert(IdealItem{range.iteration,
+                                           IdealRank(range.priority, range.direction),
+                                           range.tensor_id, range.offset,
+                                           range.offset + range.length, range.priority,
+                                           range.direction, range.peer, 0});
+    RequestIdealSchedule(now);
+  } else {
+    hosts_[host].policy->OnReady(range, now);
+  }
+}
+
+void Engine::ShardAdd(int shard, int64_t iteration, uint32_t tensor, uint64_t begin,
+                      uint64_t end, TimeNs now) {
+  const size_t num_layers = profile_.layers.size();
+  auto key = std::make_pair(iteration, tensor);
+  auto& per_shard = coverage_[shard];
+  auto it = per_shard.find(key);
+  if (it == per_shard.end()) {
+    it = per_shard.emplace(key, Coverage(profile_.layers[tensor].param_bytes)).first;
+  }
+  completed_scratch_.clear();
+  it->second.Add(begin, end, w_, completed_scratch_);
+  uint64_t& left = coverage_left_[(shard * total_ + iteration) * num_layers + tensor];
+  left -= std::min(left, end - begin);
+  if (left == 0) per_shard.erase(it);
+  // Taken out of the scratch so that nothing called below can overwrite it.
+  std::vector<std::pair<uint64_t, uint64_t>> completed;
+  completed.swap(completed_scratch_);
+  for (const auto& [b, e] : completed) {
+    const AggJob job{iteration, tensor, b, e - b};
+    // With one worker there is nothing to sum; the ideal bound sums for free.
+    if (ideal_ || config_.aggregation_bytes_per_s <= 0 || w_ == 1) {
+      Aggregated(shard, job, now);
+      continue;
+    }
+    Host& host = hosts_[shard];
+    const long double ns = static_cast<long double>(job.length) * w_ * 1e9L /
+                           static_cast<long double>(config_.aggregation_bytes_per_s);
+    const TimeNs begin_at = std::max(now, host.agg_free);
+    host.agg_free = begin_at + static_cast<TimeNs>(std::llround(ns));
+    agg_jobs_.push_back(job);
+    Push(host.agg_free, EventType::kAggDone, shard, static_cast<int64_t>(agg_jobs_.size()) - 1);
+  }
+  completed.clear();
+  completed_scratch_.swap(completed);  // keep the capacity
+}
+
+void Engine::Aggregated(int shard, const AggJob& job, TimeNs now) {
+  const ModelLayer& layer = profile_.layers[job.tensor];
+  // Remote workers first so the pulls are queued before the local worker may post new work.
+  for (int i = 1; i < w_; ++i) {
+    const int w = (shard + i) % w_;
+    ReadyRange range;
+    range.tensor_id = job.tensor;
+    range.priority = priority_[job.tensor];
+    range.dtype = DType::kF32;
+    range.direction = Direction::kPull;
+    range.peer = static_cast<uint16_t>(w);
+    range.iteration = job.iteration;
+    range.tensor_bytes = layer.param_bytes;
+    range.offset = job.offset;
+    range.length = job.length;
+    Enqueue(shard, range, now);
+  }
+  if (!ideal_) Pump(shard, now);
+  WorkerReceive(shard, job.iteration, job.tensor, job.length, now);
+}
+
+void Engine::WorkerReceive(int w, int64_t iteration, uint32_t tensor, uint64_t bytes,
+                           TimeNs now) {
+  const size_t num_layers = profile_.layers.size();
+  uint64_t& got = received_[w][iteration * num_layers + tensor];
+  got += bytes;
+  if (got > profile_.layers[tensor].param_bytes) {
+    Fail(absl::InternalError(absl::StrCat("worker ", w, " received ", got, " bytes of tensor ",
+                                          tensor, " (", profile_.layers[tensor].param_bytes,
+                                          " expected) in iteration ", iteration,
+                                          ": a policy sent a byte twice")));
+    return;
+  }
+  if (got == profile_.layers[tensor].param_bytes) TryAdvance(w, now);
+}
+
+void Engine::Pump(int host_id, TimeNs now) {
+  Host& host = hosts_[host_id];
+  Dispatch& d = dispatch_scratch_;
+  // Bound the loop: a policy that keeps returning true without progress is a contract breach.
+  for (int guard = 0; error_.ok(); ++guard) {
+    d.segments.clear();
+    d.bytes = 0;
+    if (!host.policy->NextDispatch(now, d)) break;
+    Commit(host_id, d, now);
+    if (guard > 10'000'000) {
+      Fail(absl::InternalError("policy dispatched more than 10^7 times in one step"));
+      return;
+    }
+  }
+  if (host.policy->queued_segments() > 0) {
+    TimeNs at = host.policy->NextWakeup(now);
+    if (at != kNever) {
+      at = std::max(at, now + 1);
+      if (at < host.wakeup_at || host.wakeup_at <= now) {
+        host.wakeup_at = at;
+        Push(at, EventType::kWakeup, host_id);
+      }
+    }
+  }
+}
+
+void Engine::Commit(int host_id, const Dispatch& d, TimeNs now) {
+  const size_t num_layers = profile_.layers.size();
+  uint64_t sum = 0;
+  for (const Segment& s : d.segments) {
+    const uint32_t t = KeyTensor(s.key);
+    if (s.peer >= w_ || s.peer == host_id || s.length == 0 || t >= num_layers ||
+        KeyTensor(s.key) != t || s.offset + s.length > profile_.layers[t].param_bytes ||
+        s.iteration < 0 || s.iteration >= total_) {
+      Fail(absl::InternalError(absl::StrCat(
+          "host ", host_id, ": the policy dispatched an invalid segment (tensor ", t, ", peer ", s.peer, ", offset ", s.offset, ", length ", s.length,
+          ", iteration ", s.iteration, ")")));
+      return;
+    }
+    sum += s.length;
+  }
+  if (d.segments.empty() || sum != d.bytes) {
+    Fail(absl::InternalError(absl::StrCat("host ", host_id,
+                                          ": policy returned a dispatch with ", d.segments.size(),
+                                          " segments, bytes ", d.bytes, " (segments sum ", sum,
+                                          ")")));
+    return;
+  }
+  int64_t dispatch_id;
+  if (!free_dispatches_.empty()) {
+    dispatch_id = free_dispatches_.back();
+    free_dispatches_.pop_back();
+  } else {
+    dispatches_.emplace_back();
+    dispatch_id = static_cast<int64_t>(dispatches_.size()) - 1;
+  }
+  DispatchRecord& rec = dispatches_[dispatch_id];
+  rec.bytes = d.bytes;
+  rec.pending_messages = 0;
+  // One message per peer, peers in order of first appearance (deterministic).
+  std::vector<uint16_t> peers;
+  for (const Segment& s : d.segments) {
+    if (std::find(peers.begin(), peers.end(), s.peer) == peers.end()) peers.push_back(s.peer);
+  }
+  for (uint16_t peer : peers) {
+    const int64_t id = NewMessage();
+    Message& m = messages_[id];
+    m.src = host_id;
+    m.dst = peer;
+    m.dispatch = dispatch_id;
+    m.bytes = 0;
+    for (const Segment& s : d.segments) {
+      if (s.peer != peer) continue;
+      m.segments.push_back(s);
+      m.bytes += s.length;
+    }
+    m.iteration = m.segments.front().iteration;
+    ++rec.pending_messages;
+    hosts_[host_id].uplink_fifo.push_back(id);
+  }
+  StartUplink(host_id, now);
+}
+
+void Engine::StartUplink(int host_id, TimeNs now) {
+  Host& host = hosts_[host_id];
+  if (host.uplink_busy || host.uplink_fifo.empty()) return;
+  const int64_t id = host.uplink_fifo.front();
+  host.uplink_fifo.pop_front();
+  const Message& m = messages_[id];
+  const TimeNs tx = TxNs(m.bytes);
+  const TimeNs up_done = now + config_.overhead_ns + tx;
+  Host& dst = hosts_[m.dst];
+  const TimeNs down_start = std::max(now + config_.overhead_ns + config_.latency_ns,
+                                     dst.downlink_free);
+  dst.downlink_free = down_start + tx;
+  if (Measured(m.iteration)) {
+    host.stats.up_bytes += m.bytes;
+    host.stats.up_busy_ns += config_.overhead_ns + tx;
+    host.stats.up_messages += 1;
+    dst.stats.down_bytes += m.bytes;
+    dst.stats.down_busy_ns += tx;
+  }
+  host.uplink_busy = true;
+  Push(up_done, EventType::kUplinkFree, host_id);
+  Push(dst.downlink_free, EventType::kDeliver, m.dst, id);
+}
+
+void Engine::Deliver(int64_t msg_id, TimeNs now) {
+  // Copy what we need: the handlers below may allocate messages and move the vector.
+  const int src = messages_[msg_id].src;
+  const int dst = messages_[msg_id].dst;
+  const size_t count = messages_[msg_id].segments.size();
+  for (size_t i = 0; i < count && error_.ok(); ++i) {
+    const Segment s = messages_[msg_id].segments[i];
+    const uint32_t t = KeyTensor(s.key);
+    if (s.direction == Direction::kPush) {
+      ShardAdd(dst, s.iteration, t, s.offset, s.offset + s.length, now);
+    } else {
+      WorkerReceive(dst, s.iteration, t, s.length, now);
+    }
+  }
+  if (messages_[msg_id].dispatch < 0) {
+    if (DownConstrained(dst)) {
+      hosts_[dst].ideal_down_busy = false;
+      RequestIdealSchedule(now);
+    }
+    FreeMessage(msg_id);
+  } else {
+    Push(now + config_.latency_ns, EventType::kAck, src, msg_id);
+  }
+}
+
+void Engine::Ack(int64_t msg_id, TimeNs now) {
+  const int src = messages_[msg_id].src;
+  const int64_t dispatch_id = messages_[msg_id].dispatch;
+  FreeMessage(msg_id);
+  DispatchRecord& rec = dispatches_[dispatch_id];
+  if (--rec.pending_messages > 0) return;
+  free_dispatches_.push_back(dispatch_id);
+  hosts_[src].policy->OnAcked(rec.bytes, now);
+  Pump(src, now);
+}
+
+void Engine::RequestIdealSchedule(TimeNs now) {
+  // Deferred to after the events already queued for this instant, so that everything that
+  // becomes ready at one time competes by priority, not by event order.
+  if (ideal_schedule_pending_) return;
+  ideal_schedule_pending_ = true;
+  Push(now, EventType::kIdealSchedule, 0);
+}
+
+void Engine::IdealSchedule(TimeNs now) {
+  auto make_piece = [&](int src, int dst, const IdealItem& item, uint64_t len) {
+    const int64_t id = NewMessage();
+    Message& m = messages_[id];
+    m.src = src;
+    m.dst = dst;
+    m.dispatch = -1;
+    m.iteration = item.iteration;
+    m.bytes = len;
+    Segment seg;
+    seg.key = MakeKey(item.tensor, 0);
+    seg.priority = item.priority;
+    seg.direction = item.direction;
+    seg.peer = static_cast<uint16_t>(dst);
+    seg.iteration = item.iteration;
+    seg.offset = item.offset;
+    seg.length = len;
+    seg.ready_at = now;
+    m.segments.push_back(seg);
+    return id;
+  };
+  // Uplinks. A constrained one starts its most urgent piece when free. An unconstrained one
+  // sends all it has at once.
+  for (int a = 0; a < w_; ++a) {
+    Host& src = hosts_[a];
+    const bool constrained = UpConstrained(a);
+    while (!src.ideal_up.empty() && !src.ideal_up_busy) {
+      auto node = src.ideal_up.extract(src.ideal_up.begin());
+      IdealItem& item = node.value();
+      const uint64_t len =
+          constrained ? std::min(ideal_piece_, item.end - item.offset) : item.end - item.offset;
+      const int64_t id = make_piece(a, item.peer, item, len);
+      const TimeNs tx = constrained ? TxNs(len) : 0;
+      if (Measured(item.iteration)) {
+        src.stats.up_bytes += len;
+        src.stats.up_busy_ns += tx;
+        src.stats.up_messages += 1;
+      }
+      // A constrained downlink may start on the first bit (it cannot outrun the uplink at equal
+      // rates); an unconstrained one delivers the piece when its last bit is in.
+      const TimeNs arrive = now + config_.latency_ns + (DownConstrained(item.peer) ? 0 : tx);
+      Push(arrive, EventType::kIdealArrive, item.peer, id);
+      item.offset += len;
+      if (item.offset < item.end) src.ideal_up.insert(std::move(node));
+      if (constrained) {
+        src.ideal_up_busy = true;
+        Push(now + tx, EventType::kIdealUpFree, a);
+      }
+    }
+  }
+  // Constrained downlinks: each free one carries its most urgent arrived piece. At equal rates
+  // a cut-through piece cannot outrun the uplink that feeds it.
+  for (int b = 0; b < w_; ++b) {
+    Host& dst = hosts_[b];
+    if (!DownConstrained(b) || dst.ideal_down_busy || dst.ideal_down.empty()) continue;
+    auto node = dst.ideal_down.extract(dst.ideal_down.begin());
+    IdealItem& item = node.value();
+    const uint64_t len = std::min(ideal_piece_, item.end - item.offset);
+    const int64_t id = make_piece(item.peer, b, item, len);
+    const TimeNs tx = TxNs(len);
+    dst.ideal_down_busy = true;
+    if (Measured(item.iteration)) {
+      dst.stats.down_bytes += len;
+      dst.stats.down_busy_ns += tx;
+    }
+    Push(now + tx, EventType::kDeliver, b, id);
+    item.offset += len;
+    if (item.offset < item.end) dst.ideal_down.insert(std::move(node));
+  }
+}
+
+void Engine::IdealArrive(int64_t msg_id, TimeNs now) {
+  const Message& m = messages_[msg_id];
+  if (!DownConstrained(m.dst)) {
+    if (Measured(m.iteration)) hosts_[m.dst].stats.down_bytes += m.bytes;
+    Deliver(msg_id, now);
+    return;
+  }
+  const Segment& seg = m.segments.front();
+  hosts_[m.dst].ideal_down.insert(IdealItem{
+      seg.iteration, IdealRank(seg.priority, seg.direction), KeyTensor(seg.key), seg.offset,
+      seg.offset + seg.length, seg.priority, seg.direction, m.src, arrivals_++});
+  FreeMessage(msg_id);
+  RequestIdealSchedule(now);
+}
+
+}  // namespace
+
+absl::Status ValidateConfig(const ModelProfile& profile, const SimConfig& config) {
+  if (config.workers < 1 || config.workers > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("workers must be in [1, 4096], got ", config.workers));
+  }
+  if (!std::isfinite(config.bandwidth_bits_per_s) || config.bandwidth_bits_per_s <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bandwidth must be a positive number of bits/s, got ",
+                     config.bandwidth_bits_per_s));
+  }
+  if (config.overhead_ns < 0 || config.latency_ns < 0) {
+    return absl::InvalidArgumentError("overhead and latency must be >= 0");
+  }
+  if (config.overhead_ns > 1000 * kSecond || config.latency_ns > 1000 * kSecond) {
+    return absl::InvalidArgumentError("overhead and latency must be below 1000 s");
+  }
+  if (!std::isfinite(config.aggregation_bytes_per_s) || config.aggregation_bytes_per_s < 0) {
+    return absl::InvalidArgumentError("aggregation rate must be >= 0 (0: instantaneous)");
+  }
+  if (config.shard_partition_bytes == 0) {
+    return absl::InvalidArgumentError("shard partition size must be > 0");
+  }
+  if (config.warmup_iterations < 0 || config.measured_iterations < 1 ||
+      config.warmup_iterations > 100000 || config.measured_iterations > 100000) {
+    return absl::InvalidArgumentError(
+        "warmup iterations must be >= 0 and measured iterations >= 1 (at most 100000 each)");
+  }
+  if (!config.priorities.empty() && config.priorities.size() != profile.layers.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("priorities: ", config.priorities.size(),
+                                                   " given for ", profile.layers.size(),
+                                                   " layers"));
+  }
+  if (profile.layers.empty()) {
+    return absl::InvalidArgumentError("model profile has no layers");
+  }
+  if (profile.layers.size() >= (1ull << 32)) {
+    return absl::InvalidArgumentError("model profile has too many layers");
+  }
+  return absl::OkStatus();
+}
+
+double Rho(const ModelProfile& profile, const SimConfig& config) {
+  const double w = config.workers;
+  const double moved_bytes = 2.0 * (w - 1) / w * static_cast<double>(profile.TotalParamBytes());
+  const double comm_ns = moved_bytes * 8e9 / config.bandwidth_bits_per_s;
+  const double c = static_cast<double>(profile.ComputeNs());
+  return c > 0 ? comm_ns / c : std::numeric_limits<double>::infinity();
+}
+
+absl::StatusOr<SimResult> Simulate(const ModelProfile& profile, const SimConfig& config,
+                                   const PolicyFactory& factory, std::string_view label) {
+  if (absl::Status s = ValidateConfig(profile, config); !s.ok()) return s;
+  if (!factory) return absl::InvalidArgumentError("no policy factory");
+  Engine engine(profile, config, /*ideal=*/false);
+  return engine.Run(&factory, label);
+}
+
+absl::StatusOr<SimResult> SimulateIdeal(const ModelProfile& profile, const SimConfig& config) {
+  if (absl::Status s = ValidateConfig(profile, config); !s.ok()) return s;
+  // The bound is the largest of the single-port relaxations: each is a lower bound on its own.
+  std::optional<SimResult> bound;
+  for (int host = 0; host < config.workers; ++host) {
+    for (bool uplink : {true, false}) {
+      Engine engine(profile, config, /*ideal=*/true, IdealPorts{false, host, uplink});
+      absl::StatusOr<SimResult> r = engine.Run(nullptr, "ideal");
+      if (!r.ok()) return r.status();
+      r->variant = absl::StrCat("host ", host, uplink ? " uplink" : " downlink");
+      if (!bound.has_value() || r->mean_iteration_ns > bound->mean_iteration_ns) {
+        bound = *std::move(r);
+      }
+    }
+  }
+  return *std::move(bound);
+}
+
+absl::StatusOr<SimResult> SimulateFluid(const ModelProfile& profile, const SimConfig& config) {
+  if (absl::Status s = ValidateConfig(profile, config); !s.ok()) return s;
+  Engine engine(profile, config, /*ideal=*/true, IdealPorts{true, 0, true});
+  absl::StatusOr<SimResult> r = engine.Run(nullptr, "fluid");
+  if (r.ok()) r->variant = "all ports";
+  return r;
+}
+
+}  // namespace gradlane::sched::sim

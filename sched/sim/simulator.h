@@ -1,0 +1,149 @@
+// sched/sim/simulator.h — a deterministic discrete-event simulator of data-parallel training in
+// co-located parameter-server mode, driving the very same Policy code the daemon runs.
+//
+// What is modelled (docs/simulator.md has the long form):
+//  * W hosts; each is a worker (one GPU) and a parameter-server shard. Gradient bytes are cut
+//    into shard partitions (SimConfig::shard_partition_bytes) assigned to shards by bytes
+//    (largest first onto the least-loaded shard), once, identically for every policy.
+//  * Each host has a full-duplex link: an uplink and a downlink of `bandwidth` each. A message
+//    of m bytes holds the sender's uplink for overhead + m/B (FIFO, in commit order). Its first
+//    bit reaches the receiver overhead + latency after the uplink started it; the receiver's
+//    downlink carries it cut-through, FIFO in arrival order, for m/B (the switch buffers what
+//    waits). The message is delivered when its last byte leaves the downlink; the ack reaches
+//    the sender `latency` later and returns the policy's credit.
+//  * One Policy per host is the egress scheduler for its pushes and for its shard's pull
+//    responses. Segments of one Dispatch for the same peer travel as one message.
+//  * The local shard's contribution and result need no network. A shard aggregates a byte range
+//    of a key once all W contributions of it arrived, on one summing engine per shard at
+//    `aggregation_bytes_per_s` over the W·m input bytes (0: instantaneous), and then hands the
+//    result to its policy for every remote worker.
+//  * Compute per worker, from the profile: forward layer by layer, where layer i of iteration
+//    k+1 waits for layer i's pulled result of iteration k (ByteScheduler §3.4: the barrier is
+//    gone, dependencies are per layer); then backward, gradients posted at their ready times.
+//    The GPU runs one thing at a time.
+//
+// The ideal bound (SimulateIdeal) is the largest of 2W single-port relaxations. Relaxation p
+// keeps everything of a policy run — workers, profile, key → shard assignment, latency — except
+// that (1) every port but p (one host's uplink or downlink) has infinite bandwidth, (2) there is
+// no per-message overhead, no aggregation time and no credit window, and (3) port p carries
+// bytes as a fluid (tiny pieces, SimConfig::ideal_granularity_bytes) in priority order (older
+// iteration first, then layer index), preempting at every piece. Why it is a lower bound:
+//  * any policy run is a feasible schedule of relaxation p (it only ever waits longer), so the
+//    optimum of relaxation p is ≤ the policy's iteration time;
+//  * relaxation p has one constrained resource. Forward layer i can start only once every byte
+//    of layers ≤ i it depends on has crossed p; preemptive priority by (iteration, layer) is
+//    work-conserving on every such prefix set at once, so it completes each prefix no later
+//    than any other order does (the exchange argument of ByteScheduler Thm 1 / Jackson's rule),
+//    and earlier completions only move later releases earlier: it is the optimum of relaxation p;
+//  * hence max_p T(p) ≤ every policy. The pieces make it an approximation of the fluid limit
+//    off by at most one piece time at p per preemption (≤ 20 µs at ≥ 6.5 Gbit/s).
+// SimulateFluid, for reference only, constrains every port at once with the same fluid priority
+// schedule: closer to what a perfect scheduler could achieve, but greedy priority is not optimal
+// on a network of ports, so it is NOT a bound (a policy can beat it when the shards are
+// unevenly loaded and the links are the bottleneck).
+//
+// Metrics (per measured iteration, averaged):
+//  * Iteration k starts when worker w starts iteration k's first forward layer: S(k,w).
+//    T(k) = max_w S(k+1,w) − max_w S(k,w). iteration_ns is the mean over measured iterations.
+//  * C = ModelProfile::ComputeNs() (forward + backward). gpu_idle_share = (T − C) / T.
+//  * N (communication time) = the busiest link direction's bytes per iteration / B: the time the
+//    network needs with no overlap, the same for every policy on a profile and config.
+//  * α (TicTac §3.2 overlap coefficient) = (N + C − T) / min(N, C). 1: the shorter of
+//    communication and compute is hidden completely; 0: no overlap; negative: slower than
+//    running them back to back (overheads, latency chains). NaN if N = 0.
+//  * ρ (BRIEF §5) = (2(W−1)/W · model bytes / B) / C.
+//
+// Guarantees: deterministic (no clock, no randomness; ties between simultaneous events are
+// broken by a sequence number in insertion order; containers iterated are ordered). No I/O.
+// Errors, not crashes: an invalid config, a policy that cannot be built, a policy that breaks
+// the Policy contract or stalls with data queued are returned as a Status.
+#ifndef GRADLANE_SCHED_SIM_SIMULATOR_H_
+#define GRADLANE_SCHED_SIM_SIMULATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sched/model_profile.h"
+#include "sched/policy.h"
+#include "sched/types.h"
+
+namespace gradlane::sched::sim {
+
+struct SimConfig {
+  int workers = 3;
+  // Per direction, per host.
+  double bandwidth_bits_per_s = 10e9;
+  // θ: the time the sender's link is busy per message besides the bytes (RPC framing, ack
+  // handling, syscall): ByteScheduler measured ≈300 µs in its testbed; a tuned daemon is nearer
+  // 50 µs, our default.
+  TimeNs overhead_ns = 50 * kMicrosecond;
+  // One-way latency (propagation + switch), applied to every message and every ack.
+  TimeNs latency_ns = 25 * kMicrosecond;
+  // Summing rate of a shard over input bytes (W·m per m-byte range); 0 = instantaneous.
+  // 50 GB/s is a few vectorised cores: fast next to any link modelled here.
+  double aggregation_bytes_per_s = 50e9;
+  // Granularity of the key → shard assignment (BytePS's 4 MB partitions).
+  uint64_t shard_partition_bytes = 4ull << 20;
+  int warmup_iterations = 2;
+  int measured_iterations = 5;
+  // Piece size of the ideal bound; 0 = auto: 20 µs of link time, clamped to [16 KiB, 1 MiB].
+  uint64_t ideal_granularity_bytes = 0;
+  // Per-layer priorities (0 = most urgent); empty = layer index.
+  std::vector<Priority> priorities;
+  // Safety valve against a runaway policy (e.g. one that dispatches zero-byte segments).
+  int64_t max_events = 400'000'000;
+};
+
+// Builds one host's policy; called once per host per run.
+using PolicyFactory = std::function<absl::StatusOr<std::unique_ptr<Policy>>()>;
+
+// Traffic of one host, per measured iteration (averaged).
+struct LinkStats {
+  double up_bytes = 0;
+  double down_bytes = 0;
+  double up_busy_ns = 0;  // includes θ per message
+  double down_busy_ns = 0;
+  double up_messages = 0;
+};
+
+struct SimResult {
+  std::string policy;
+  std::string variant;  // the ideal bound: which port's relaxation gave it
+  std::vector<TimeNs> iteration_ns;  // T(k) for each measured iteration
+  double mean_iteration_ns = 0;
+  TimeNs compute_ns = 0;         // C
+  double gpu_idle_share = 0;     // (T − C) / T
+  double comm_ns = 0;            // N
+  double alpha = 0;              // (N + C − T) / min(N, C)
+  double rho = 0;                // (2(W−1)/W · bytes / B) / C
+  std::vector<LinkStats> links;  // one per host
+  int64_t events = 0;            // events processed (cost of the run)
+};
+
+// Checks a config against a profile (ranges, priorities' length); the simulators call it too.
+absl::Status ValidateConfig(const ModelProfile& profile, const SimConfig& config);
+
+// ρ of a profile under a config (BRIEF §5).
+double Rho(const ModelProfile& profile, const SimConfig& config);
+
+// Runs warmup + measured iterations with one policy per host from `factory`. `label` names the
+// result (usually the policy's name).
+absl::StatusOr<SimResult> Simulate(const ModelProfile& profile, const SimConfig& config,
+                                   const PolicyFactory& factory, std::string_view label);
+
+// Runs the ideal bound (see the header comment). Its result is labelled "ideal"; `variant` names
+// the port whose relaxation gave the bound.
+absl::StatusOr<SimResult> SimulateIdeal(const ModelProfile& profile, const SimConfig& config);
+
+// Runs the all-ports fluid priority schedule (a reference, not a bound). Labelled "fluid".
+absl::StatusOr<SimResult> SimulateFluid(const ModelProfile& profile, const SimConfig& config);
+
+}  // namespace gradlane::sched::sim
+
+#endif  // GRADLANE_SCHED_SIM_SIMULATOR_H_
