@@ -27,6 +27,19 @@ std::string_view WireErrorName(WireError e) {
   return "unknown";
 }
 
+absl::Status WireErrorStatus(WireError code, const std::string& message) {
+  switch (code) {
+    case WireError::kAuthFailed: return absl::PermissionDeniedError(message);
+    case WireError::kUnknownJob: return absl::NotFoundError(message);
+    case WireError::kBadVersion: return absl::FailedPreconditionError(message);
+    case WireError::kTimeout: return absl::DeadlineExceededError(message);
+    case WireError::kShutdown:
+    case WireError::kNone: return absl::UnavailableError(message);
+    case WireError::kNoTarget: return absl::FailedPreconditionError(message);
+    default: return absl::InvalidArgumentError(message);
+  }
+}
+
 WireError CheckHeader(const FrameHeader& h, uint64_t max_data_bytes) {
   if (h.magic != kFrameMagic) return WireError::kBadMagic;
   if (h.version != kProtocolVersion) return WireError::kBadVersion;

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
 
@@ -138,6 +139,12 @@ enum class WireError : uint32_t {
 inline constexpr size_t kWireErrorCount = 15;
 
 std::string_view WireErrorName(WireError e);
+
+// The status a peer's refusal or goodbye with `code` becomes locally, so every backend reports
+// the same code for the same cause: kAuthFailed → PermissionDenied, kUnknownJob → NotFound,
+// kBadVersion → FailedPrecondition, kTimeout → DeadlineExceeded, kShutdown/kNone → Unavailable,
+// malformed classes → InvalidArgument.
+absl::Status WireErrorStatus(WireError code, const std::string& message);
 
 // Payload of kReject / kGoodbye: a code and a human-readable reason (not NUL terminated).
 struct ErrorBody {

@@ -34,18 +34,6 @@ size_t RxWant(const Connection& c) {
   return 0;
 }
 
-absl::Status RejectStatus(WireError code, const std::string& text) {
-  switch (code) {
-    case WireError::kAuthFailed: return absl::PermissionDeniedError(text);
-    case WireError::kUnknownJob: return absl::NotFoundError(text);
-    case WireError::kBadVersion: return absl::FailedPreconditionError(text);
-    case WireError::kShutdown:
-    case WireError::kNone: return absl::UnavailableError(text);
-    case WireError::kTimeout: return absl::DeadlineExceededError(text);
-    default: return absl::InvalidArgumentError(text);
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(const TransportOptions& options,
@@ -513,11 +501,11 @@ bool TcpTransport::OnBody(Connection& c, TimeNs now) {
   const std::string peer = c.inbound ? absl::StrCat("rank ", c.peer_rank) : c.addr.text;
   if (type == FrameType::kReject) {
     // A refusal is final (wrong token, job, version, rank): retrying cannot fix it.
-    Teardown(c, RejectStatus(code, absl::StrCat("peer ", peer, " rejected the connection (",
+    Teardown(c, WireErrorStatus(code, absl::StrCat("peer ", peer, " rejected the connection (",
                                                 std::string(WireErrorName(code)), "): ", std::string(reason))));
     return false;
   }
-  Teardown(c, RejectStatus(code == WireError::kNone ? WireError::kShutdown : code,
+  Teardown(c, WireErrorStatus(code == WireError::kNone ? WireError::kShutdown : code,
                            absl::StrCat("peer ", peer, " closed the connection (",
                                         std::string(WireErrorName(code)), "): ", std::string(reason))));
   return false;

@@ -1,0 +1,160 @@
+// transport/fake/fake_transport.h — an in-memory transport with the TcpTransport interface, for
+// scheduler and daemon tests that need peers without sockets.
+//
+// A FakeNetwork joins any number of FakeTransports by address ("host:port" strings; nothing is
+// parsed or bound). Frames travel through per-endpoint inboxes and are handled when the
+// receiver runs Progress_st with a `now` at or past their delivery time (send time + the
+// network's delay), so a test on virtual time is fully deterministic: the same calls give the
+// same callbacks in the same order.
+//
+// Behaviour mirrors the TCP backend where it matters to an engine: hello with job/token/rank
+// checks (and the same refusal statuses), sends in post order, OnSendDone_st when a frame
+// leaves, acks after the receiver's OnRecvDone_st, resolver rejection failing the sender's send,
+// connect retry with back-off until connect_deadline, the peer_timeout watchdog, and peer-down
+// failing pending sends in order. Faults: Kill(address) makes an endpoint vanish — loudly (peers
+// see a reset on their next step) or silently (frames are dropped; peers find out through
+// peer_timeout).
+//
+// Not for production: it allocates (payload copies, inbox entries) and is single-threaded —
+// every method, Stats() included, on the one test/engine thread.
+#ifndef GRADLANE_TRANSPORT_FAKE_FAKE_TRANSPORT_H_
+#define GRADLANE_TRANSPORT_FAKE_FAKE_TRANSPORT_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "transport/transport.h"
+
+namespace gradlane::transport::fake {
+
+class FakeTransport;
+
+class FakeNetwork {
+ public:
+  // One-way latency of every frame from now on.
+  void set_delay(TimeNs delay) { delay_ = delay; }
+  TimeNs delay() const { return delay_; }
+
+  // The endpoint listening at `address` vanishes. silent=false: like a killed process, its peers
+  // see a reset on their next Progress_st. silent=true: like a pulled cable, every frame to or
+  // from it is dropped from now on and its peers must notice via peer_timeout.
+  void Kill(std::string_view address, bool silent);
+
+ private:
+  friend class FakeTransport;
+  FakeTransport* Find(std::string_view address) const;
+
+  absl::flat_hash_map<std::string, FakeTransport*> endpoints_;
+  TimeNs delay_ = 0;
+  uint16_t next_port_ = 1;
+  int next_identity_ = 0;
+};
+
+class FakeTransport final {
+ public:
+  // `network` and `handler` must outlive the transport.
+  static absl::StatusOr<std::unique_ptr<FakeTransport>> Create(const TransportOptions& options,
+                                                                TransportHandler* handler,
+                                                                FakeNetwork* network);
+  // Leaving the network is a process exit: connected peers see a reset.
+  ~FakeTransport();
+  FakeTransport(const FakeTransport&) = delete;
+  FakeTransport& operator=(const FakeTransport&) = delete;
+
+  // Registers listen_address:listen_port (port 0: the network picks one). An address already
+  // taken is FailedPrecondition ("already in use"), as with TCP.
+  absl::StatusOr<uint16_t> Listen_st();
+  const std::string& address() const { return address_; }
+
+  absl::Status AddJob_st(const JobCredentials& job);
+  absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job, std::string_view address,
+                                        TimeNs now);
+  void Disconnect_st(PeerHandle peer, TimeNs now);
+  absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes);
+  absl::Status UnregisterRegion_st(RegionId region);
+  absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec);
+  // Sends what is queued, handles inbox frames due by `now`, runs retries and timeouts.
+  // wait_ms is ignored (virtual time never blocks). Returns frames handled.
+  int Progress_st(TimeNs now, int wait_ms);
+
+  TransportStats Stats() const { return stats_; }
+  PeerStats PeerStatsOf(PeerHandle peer) const;
+
+ private:
+  friend class FakeNetwork;  // Kill() reaches in to reset this endpoint's peers
+  enum class State : uint8_t { kBackoff, kHelloSent, kEstablished, kDown };
+  struct Pending {
+    FrameHeader header;
+    const uint8_t* payload;
+    uint64_t cookie;
+  };
+  struct Conn {
+    State state = State::kBackoff;
+    bool inbound = false;
+    bool known = false;
+    int job = -1;
+    uint16_t peer_rank = 0;
+    std::string remote_address;
+    PeerHandle remote_conn = kNoPeer;
+    uint32_t next_seq = 0;
+    int attempts = 0;
+    std::deque<Pending> unsent, unacked;
+    TimeNs give_up_at = 0, retry_at = 0, backoff = 0, last_progress = 0;
+    bool restart_timer = false;
+    PeerStats stats;
+  };
+  struct Message {
+    TimeNs deliver_at = 0;
+    FrameType type = FrameType::kData;
+    PeerHandle to_conn = kNoPeer;    // receiver's connection (kNoPeer for kHello)
+    PeerHandle from_conn = kNoPeer;  // sender's connection
+    std::string from_address;
+    FrameHeader header{};
+    HelloBody hello{};
+    WireError code = WireError::kNone;
+    std::string reason;
+    std::vector<uint8_t> payload;
+  };
+  struct Region {
+    uint8_t* base = nullptr;
+    uint64_t bytes = 0;
+    bool used = false;
+  };
+
+  FakeTransport(const TransportOptions& options, TransportHandler* handler, FakeNetwork* network);
+  Conn* Lookup(PeerHandle h);
+  PeerInfo InfoOf(PeerHandle h) const;
+  int FindJob(uint64_t job_id) const;
+  // Delivers to the endpoint at `to` unless it is gone or silenced.
+  void Deliver(const std::string& to, Message m);
+  void TryHello(PeerHandle h, TimeNs now);
+  void Handle(Message& m, TimeNs now);
+  void HandleHello(Message& m, TimeNs now);
+  void Reply(const Message& to, FrameType type, WireError code, const std::string& reason,
+             PeerHandle from, TimeNs now);
+  void Down(PeerHandle h, const absl::Status& why, bool tell_peer, TimeNs now);
+
+  const TransportOptions options_;
+  TransportHandler* const handler_;
+  FakeNetwork* const network_;
+  std::string address_;
+  bool silenced_ = false;
+  std::vector<std::unique_ptr<Conn>> conns_;  // handle = index; never reused
+  std::vector<JobCredentials> jobs_;
+  std::vector<Region> regions_;
+  std::deque<Message> inbox_;
+  TransportStats stats_;
+};
+
+static_assert(Transport<FakeTransport>);
+
+}  // namespace gradlane::transport::fake
+
+#endif  // GRADLANE_TRANSPORT_FAKE_FAKE_TRANSPORT_H_
