@@ -15,7 +15,7 @@ packages=(
   iproute2 iperf3 procps
 )
 if [[ "${1:-}" == "--profiles" ]]; then
-  packages+=(python3-torch python3-torchvision)
+  packages+=(python3-torch python3-torchvision libopenblas0-openmp)
 fi
 
 missing=()
