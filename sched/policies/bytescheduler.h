@@ -50,7 +50,9 @@ class PartitionedPriorityPolicy : public Policy {
   uint64_t credit_capacity() const { return window_.capacity(); }
 
  protected:
-  // requested_partition_bytes(dtype): δ asked of the partitioner for a tensor of that dtype.
+  // δ asked of the partitioner for f32 tensors and for f16/bf16 tensors (P3 sizes slices in
+  // parameters, so its byte size depends on the dtype), and the credit window in bytes
+  // (0 = stop-and-wait, see CreditWindow).
   PartitionedPriorityPolicy(std::string name, uint64_t partition_bytes_f32,
                             uint64_t partition_bytes_16bit, uint64_t credit_bytes)
       : name_(std::move(name)),
