@@ -76,8 +76,9 @@ struct GpHyperparameters {
 // {1e-6, 1e-4, 1e-2, 0.1}; signal variance 1 (the data are standardised). The short end is a
 // twentieth of the range (finer structure than ~20 trials can resolve is not worth modelling),
 // the long end lets a knob that does not matter be ignored; the noise levels span an exact
-// measurement to a noise of ~0.3 standard deviations of the observations. 324 fits of an n ≤ 64 Cholesky per
-// observation: milliseconds, once per trial that itself costs training iterations.
+// measurement to a noise of ~0.3 standard deviations of the observations. 324 fits of an
+// n ≤ 64 Cholesky per observation: milliseconds, once per trial that itself costs training
+// iterations.
 std::vector<GpHyperparameters> GpHyperparameterGrid();
 
 // Matérn 5/2 covariance between a and b.
