@@ -1,5 +1,8 @@
 #include "sched/dag.h"
 
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -55,6 +58,25 @@ TEST(DagParse, ReadsExample) {
     for (int d : dag->ops()[i].deps) EXPECT_LT(pos[d], pos[i]);
     for (int s : dag->successors(i)) EXPECT_GT(pos[s], pos[i]);
   }
+}
+
+// The example in docs/dag-format.md parses, so the documentation cannot drift from the parser.
+TEST(DagParse, DocumentedExampleParses) {
+  const char* root = std::getenv("GRADLANE_SOURCE_ROOT");
+  if (root == nullptr) GTEST_SKIP() << "GRADLANE_SOURCE_ROOT not set (run through meson test)";
+  std::ifstream in(std::string(root) + "/docs/dag-format.md");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string doc = text.str();
+  const size_t begin = doc.find("```json\n");
+  ASSERT_NE(begin, std::string::npos);
+  const size_t end = doc.find("```", begin + 8);
+  absl::StatusOr<Dag> dag = ParseDagJson(doc.substr(begin + 8, end - begin - 8));
+  ASSERT_TRUE(dag.ok()) << dag.status();
+  EXPECT_EQ(dag->num_tensors(), 2);
+  EXPECT_EQ(dag->num_ops(), 9);
+  EXPECT_EQ(dag->ops()[*dag->FindOp("fc")].duration, 95500);
 }
 
 struct BadCase {

@@ -139,7 +139,9 @@ TEST(PaceHorn, EqualsBruteForceOnRandomDags) {
     }
     for (int i = 0; i < k; ++i) {
       ASSERT_EQ(served[i], inst.jobs[i].duration);
-      if (inst.jobs[i].duration > 0) ASSERT_EQ(horn->completion[i], last_end[i]);
+      if (inst.jobs[i].duration > 0) {
+        ASSERT_EQ(horn->completion[i], last_end[i]);
+      }
     }
 
     const TimeNs brute = BruteForceObjective(inst.jobs);
