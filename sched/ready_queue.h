@@ -11,14 +11,16 @@
 //   5. peer, offset, length, ready_at
 // ready_at comes last on purpose: arrival time must not override urgency (that is FIFO's job).
 //
-// Guarantees: Push/Pop O(log n), Top O(1). Storage is a binary heap in a std::vector that is
-// never shrunk, so once it has grown to the working size no call allocates (Reserve() can do
-// the growing up front). Not thread-safe: one owner thread.
+// Guarantees: Push/Pop O(log n), Top O(1). Storage is a binary heap of small entries plus a
+// slot array of Segments, all in std::vectors that are never shrunk, so once they have grown to
+// the working size no call allocates (Reserve() can do the growing up front). Not thread-safe:
+// one owner thread.
 #ifndef GRADLANE_SCHED_READY_QUEUE_H_
 #define GRADLANE_SCHED_READY_QUEUE_H_
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <tuple>
 #include <vector>
 
@@ -39,24 +41,38 @@ class ReadyQueue {
   ReadyQueue() = default;
 
   // Grows storage so that `n` segments fit without another allocation.
-  void Reserve(size_t n) { heap_.reserve(n); }
-
-  void Push(const Segment& s) {
-    heap_.push_back(s);
-    queued_bytes_ += s.length;
-    std::push_heap(heap_.begin(), heap_.end(), After);
+  void Reserve(size_t n) {
+    heap_.reserve(n);
+    slots_.reserve(n);
+    free_.reserve(n);
   }
 
-  // The most urgent segment. Requires !empty().
-  const Segment& Top() const { return heap_.front(); }
+  void Push(const Segment& s) {
+    uint32_t slot;
+    if (free_.empty()) {
+      slot = static_cast<uint32_t>(slots_.size());
+      slots_.push_back(s);
+    } else {
+      slot = free_.back();
+      free_.pop_back();
+      slots_[slot] = s;
+    }
+    heap_.push_back({s.priority, slot, s.key});
+    queued_bytes_ += s.length;
+    std::push_heap(heap_.begin(), heap_.end(), After{this});
+  }
+
+  // The most urgent segment. Requires !empty(). Valid until the next Push or Pop.
+  const Segment& Top() const { return slots_[heap_.front().slot]; }
 
   // Removes and returns the most urgent segment. Requires !empty().
   Segment Pop() {
-    std::pop_heap(heap_.begin(), heap_.end(), After);
-    Segment s = heap_.back();
+    std::pop_heap(heap_.begin(), heap_.end(), After{this});
+    const uint32_t slot = heap_.back().slot;
     heap_.pop_back();  // keeps capacity
-    queued_bytes_ -= s.length;
-    return s;
+    free_.push_back(slot);
+    queued_bytes_ -= slots_[slot].length;
+    return slots_[slot];
   }
 
   bool empty() const { return heap_.empty(); }
@@ -64,11 +80,30 @@ class ReadyQueue {
   uint64_t queued_bytes() const { return queued_bytes_; }
 
  private:
+  // The heap moves 16-byte entries holding the two leading sort fields, so sifting touches
+  // little memory; the full Segment is read only to break a (priority, key) tie — common in
+  // PS mode, where a shard sends the same key to every worker.
+  struct Entry {
+    Priority priority;
+    uint32_t slot;  // index into slots_
+    SegmentKey key;
+  };
+  static_assert(sizeof(Entry) == 16, "heap entries should stay small: they are what sifts move");
+
   // std heap algorithms build a max-heap under the comparator: "After" puts the most urgent
   // segment at the front.
-  static bool After(const Segment& a, const Segment& b) { return SegmentBefore(b, a); }
+  struct After {
+    const ReadyQueue* q;
+    bool operator()(const Entry& a, const Entry& b) const {
+      if (a.priority != b.priority) return b.priority < a.priority;
+      if (a.key != b.key) return b.key < a.key;
+      return SegmentBefore(q->slots_[b.slot], q->slots_[a.slot]);
+    }
+  };
 
-  std::vector<Segment> heap_;
+  std::vector<Entry> heap_;
+  std::vector<Segment> slots_;  // segment storage, reused through free_
+  std::vector<uint32_t> free_;
   uint64_t queued_bytes_ = 0;
 };
 
