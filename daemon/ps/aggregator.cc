@@ -3,6 +3,10 @@
 #include <bit>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 #include "daemon/ps/half.h"
 
@@ -19,67 +23,91 @@ absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.
 
 using sched::DType;
 
-// 16 lanes = one cache line of f32: enough independent work per step to hide add latency on
-// both paths (4 xmm or 2 ymm registers per vector) without spilling the conversion constants.
-inline constexpr int kLanes = 16;
-using VecF = float __attribute__((vector_size(kLanes * 4)));
-using VecU = uint32_t __attribute__((vector_size(kLanes * 4)));
-using VecH = uint16_t __attribute__((vector_size(kLanes * 2)));
+// Lane-count-generic vector types. Each kernel uses its target's native register width (4 f32
+// lanes = xmm for the SSE2 baseline, 8 = ymm for AVX2): GCC splits over-wide generic arithmetic
+// into native pieces, but it scalarises over-wide *comparisons*, which the conversions are full
+// of, so a single wide type for both targets runs ~10x slower.
+template <int N>
+struct V {
+  // typedef, not `using`: GCC drops vector_size on a dependent alias-declaration.
+  typedef float F __attribute__((vector_size(N * 4)));
+  typedef uint32_t U __attribute__((vector_size(N * 4)));
+  typedef int32_t I __attribute__((vector_size(N * 4)));  // what comparisons yield
+  typedef uint16_t H __attribute__((vector_size(N * 2)));
+};
 
 // The lane-wise forms of half.h. Comparisons yield all-ones/all-zero lanes, so selects are
 // bitwise blends and every lane runs the same instructions (no branches to vectorise away).
-[[gnu::always_inline]] inline VecU Select(VecU mask, VecU a, VecU b) {
-  return (a & mask) | (b & ~mask);
+// Magnitude comparisons are done as *signed* int32 (the sign bit is cleared first, so the order
+// is the same): SSE2 has only signed integer compares, unsigned ones cost extra flips.
+template <int N>
+[[gnu::always_inline]] inline typename V<N>::U Select(typename V<N>::I mask, typename V<N>::U a,
+                                                     typename V<N>::U b) {
+  const auto m = reinterpret_cast<typename V<N>::U>(mask);
+  return (a & m) | (b & ~m);
 }
-[[gnu::always_inline]] inline VecU Mask(auto cmp) { return reinterpret_cast<VecU>(cmp); }
 
-[[gnu::always_inline]] inline VecF F16ToF32(VecH h16) {
-  const VecU h = __builtin_convertvector(h16, VecU);
+template <int N>
+[[gnu::always_inline]] inline typename V<N>::F F16ToF32(typename V<N>::H h16) {
+  using U = typename V<N>::U;
+  using I = typename V<N>::I;
+  const U h = __builtin_convertvector(h16, U);
   constexpr uint32_t kExpMask = 0x7c00u << 13;
-  VecU o = (h & 0x7fffu) << 13;
-  const VecU exp = o & kExpMask;
+  U o = (h & 0x7fffu) << 13;
+  const U exp = o & kExpMask;
   o += (127u - 15u) << 23;
-  const VecU inf_nan = Mask(exp == kExpMask);
+  const U inf_nan = reinterpret_cast<U>(exp == kExpMask);
   o += inf_nan & ((128u - 16u) << 23);
-  o |= inf_nan & Mask((o & 0x007fffffu) != 0u) & 0x00400000u;
-  const VecF magic = std::bit_cast<float>(113u << 23) - VecF{};
-  const VecU renorm = reinterpret_cast<VecU>(reinterpret_cast<VecF>(o + (1u << 23)) - magic);
-  o = Select(Mask(exp == 0u), renorm, o);
+  o |= inf_nan & reinterpret_cast<U>((o & 0x007fffffu) != 0u) & 0x00400000u;
+  using F = typename V<N>::F;
+  const F magic = std::bit_cast<float>(113u << 23) - F{};
+  const U renorm = reinterpret_cast<U>(reinterpret_cast<F>(o + (1u << 23)) - magic);
+  o = Select<N>(reinterpret_cast<I>(exp == 0u), renorm, o);
   o |= (h & 0x8000u) << 16;
-  return reinterpret_cast<VecF>(o);
+  return reinterpret_cast<F>(o);
 }
 
-[[gnu::always_inline]] inline VecH F32ToF16(VecF value) {
-  constexpr uint32_t kF32Inf = 255u << 23;
-  constexpr uint32_t kF16Overflow = (127u + 16u) << 23;
+template <int N>
+[[gnu::always_inline]] inline typename V<N>::H F32ToF16(typename V<N>::F value) {
+  using U = typename V<N>::U;
+  using I = typename V<N>::I;
+  using F = typename V<N>::F;
+  constexpr int32_t kF32Inf = 255 << 23;
+  constexpr int32_t kF16Overflow = (127 + 16) << 23;
+  constexpr int32_t kF16MinNormal = 113 << 23;
   constexpr uint32_t kDenormMagicBits = 126u << 23;
-  VecU f = reinterpret_cast<VecU>(value);
-  const VecU sign = f & 0x80000000u;
+  U f = reinterpret_cast<U>(value);
+  const U sign = f & 0x80000000u;
   f ^= sign;
-  const VecU nan_or_inf =
-      Select(Mask(f > kF32Inf), 0x7e00u | ((f >> 13) & 0x3ffu), VecU{} + 0x7c00u);
-  const VecF denorm_magic = std::bit_cast<float>(kDenormMagicBits) - VecF{};
-  const VecU sub = reinterpret_cast<VecU>(reinterpret_cast<VecF>(f) + denorm_magic) -
-                   kDenormMagicBits;
-  const VecU normal = (f + (((15u - 127u) << 23) + 0xfffu) + ((f >> 13) & 1u)) >> 13;
-  VecU o = Select(Mask(f < (113u << 23)), sub, normal);
-  o = Select(Mask(f >= kF16Overflow), nan_or_inf, o);
+  const I fi = reinterpret_cast<I>(f);
+  const U nan_or_inf = Select<N>(fi > kF32Inf, 0x7e00u | ((f >> 13) & 0x3ffu), U{} + 0x7c00u);
+  const F denorm_magic = std::bit_cast<float>(kDenormMagicBits) - F{};
+  const U sub = reinterpret_cast<U>(reinterpret_cast<F>(f) + denorm_magic) - kDenormMagicBits;
+  const U normal = (f + (((15u - 127u) << 23) + 0xfffu) + ((f >> 13) & 1u)) >> 13;
+  U o = Select<N>(fi < kF16MinNormal, sub, normal);
+  o = Select<N>(fi >= kF16Overflow, nan_or_inf, o);
   o |= sign >> 16;
-  return __builtin_convertvector(o, VecH);
+  return __builtin_convertvector(o, typename V<N>::H);
 }
 
-[[gnu::always_inline]] inline VecF Bf16ToF32(VecH h16) {
-  VecU o = __builtin_convertvector(h16, VecU) << 16;
-  o |= Mask((o & 0x7fffffffu) > 0x7f800000u) & 0x00400000u;
-  return reinterpret_cast<VecF>(o);
+template <int N>
+[[gnu::always_inline]] inline typename V<N>::F Bf16ToF32(typename V<N>::H h16) {
+  using U = typename V<N>::U;
+  using I = typename V<N>::I;
+  U o = __builtin_convertvector(h16, U) << 16;
+  o |= reinterpret_cast<U>(reinterpret_cast<I>(o & 0x7fffffffu) > 0x7f800000) & 0x00400000u;
+  return reinterpret_cast<typename V<N>::F>(o);
 }
 
-[[gnu::always_inline]] inline VecH F32ToBf16(VecF value) {
-  const VecU f = reinterpret_cast<VecU>(value);
-  const VecU nan = (f >> 16) | 0x0040u;
-  const VecU rounded = (f + 0x7fffu + ((f >> 16) & 1u)) >> 16;
-  return __builtin_convertvector(Select(Mask((f & 0x7fffffffu) > 0x7f800000u), nan, rounded),
-                                 VecH);
+template <int N>
+[[gnu::always_inline]] inline typename V<N>::H F32ToBf16(typename V<N>::F value) {
+  using U = typename V<N>::U;
+  using I = typename V<N>::I;
+  const U f = reinterpret_cast<U>(value);
+  const U nan = (f >> 16) | 0x0040u;
+  const U rounded = (f + 0x7fffu + ((f >> 16) & 1u)) >> 16;
+  const I is_nan = reinterpret_cast<I>(f & 0x7fffffffu) > 0x7f800000;
+  return __builtin_convertvector(Select<N>(is_nan, nan, rounded), typename V<N>::H);
 }
 
 // Which NaN an addition returns when its operands carry different NaNs is up to the hardware
@@ -87,27 +115,28 @@ using VecH = uint16_t __attribute__((vector_size(kLanes * 2)));
 // default NaN), so NaN payloads and signs are not reproducible. Every NaN result is therefore
 // written as the one canonical quiet NaN (which narrows to 0x7e00 in f16 and 0x7fc0 in bf16).
 inline constexpr uint32_t kCanonicalNaN = 0x7fc00000u;
-[[gnu::always_inline]] inline VecF CanonicalizeNaN(VecF v) {
-  const VecU is_nan = Mask(v != v);
-  return reinterpret_cast<VecF>(Select(is_nan, VecU{} + kCanonicalNaN, reinterpret_cast<VecU>(v)));
+template <int N>
+[[gnu::always_inline]] inline typename V<N>::F CanonicalizeNaN(typename V<N>::F v) {
+  using U = typename V<N>::U;
+  return reinterpret_cast<typename V<N>::F>(
+      Select<N>(v != v, U{} + kCanonicalNaN, reinterpret_cast<U>(v)));
 }
 
 // Loads and stores go through memcpy so buffers need no alignment (receive buffers and arena
 // slices are byte-addressed); GCC turns them into unaligned vector moves.
-template <DType D>
+template <DType D, int N>
 struct Elem;
 
-template <>
-struct Elem<DType::kF32> {
+template <int N>
+struct Elem<DType::kF32, N> {
+  using F = typename V<N>::F;
   static constexpr size_t kBytes = 4;
-  [[gnu::always_inline]] static VecF LoadVec(const std::byte* p) {
-    VecF v;
+  [[gnu::always_inline]] static F LoadVec(const std::byte* p) {
+    F v;
     std::memcpy(&v, p, sizeof(v));
     return v;
   }
-  [[gnu::always_inline]] static void StoreVec(VecF v, std::byte* p) {
-    std::memcpy(p, &v, sizeof(v));
-  }
+  [[gnu::always_inline]] static void StoreVec(F v, std::byte* p) { std::memcpy(p, &v, sizeof(v)); }
   static float Load(const std::byte* p) {
     float v;
     std::memcpy(&v, p, 4);
@@ -116,70 +145,47 @@ struct Elem<DType::kF32> {
   static void Store(float v, std::byte* p) { std::memcpy(p, &v, 4); }
 };
 
-template <>
-struct Elem<DType::kF16> {
+// f16 and bf16 differ only in their conversion pair.
+template <int N, typename V<N>::F (*Widen)(typename V<N>::H), typename V<N>::H (*NarrowV)(typename V<N>::F),
+          float (*WidenS)(uint16_t), uint16_t (*NarrowS)(float)>
+struct Elem16 {
+  using F = typename V<N>::F;
+  using H = typename V<N>::H;
   static constexpr size_t kBytes = 2;
-  [[gnu::always_inline]] static VecF LoadVec(const std::byte* p) {
-    VecH h;
+  [[gnu::always_inline]] static F LoadVec(const std::byte* p) {
+    H h;
     std::memcpy(&h, p, sizeof(h));
-    return F16ToF32(h);
+    return Widen(h);
   }
-  [[gnu::always_inline]] static void StoreVec(VecF v, std::byte* p) {
-    const VecH h = F32ToF16(v);
+  [[gnu::always_inline]] static void StoreVec(F v, std::byte* p) {
+    const H h = NarrowV(v);
     std::memcpy(p, &h, sizeof(h));
   }
   static float Load(const std::byte* p) {
     uint16_t h;
     std::memcpy(&h, p, 2);
-    return ps::F16ToF32(h);
+    return WidenS(h);
   }
   static void Store(float v, std::byte* p) {
-    const uint16_t h = ps::F32ToF16(v);
+    const uint16_t h = NarrowS(v);
     std::memcpy(p, &h, 2);
   }
 };
 
-template <>
-struct Elem<DType::kBF16> {
-  static constexpr size_t kBytes = 2;
-  [[gnu::always_inline]] static VecF LoadVec(const std::byte* p) {
-    VecH h;
-    std::memcpy(&h, p, sizeof(h));
-    return Bf16ToF32(h);
-  }
-  [[gnu::always_inline]] static void StoreVec(VecF v, std::byte* p) {
-    const VecH h = F32ToBf16(v);
-    std::memcpy(p, &h, sizeof(h));
-  }
-  static float Load(const std::byte* p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return ps::Bf16ToF32(h);
-  }
-  static void Store(float v, std::byte* p) {
-    const uint16_t h = ps::F32ToBf16(v);
-    std::memcpy(p, &h, 2);
-  }
-};
+template <int N>
+struct Elem<DType::kF16, N>
+    : Elem16<N, &F16ToF32<N>, &F32ToF16<N>, &ps::F16ToF32, &ps::F32ToF16> {};
+template <int N>
+struct Elem<DType::kBF16, N>
+    : Elem16<N, &Bf16ToF32<N>, &F32ToBf16<N>, &ps::Bf16ToF32, &ps::F32ToBf16> {};
 
-// One pass over the elements: per block of kLanes, read the W inputs side by side (rank order),
-// add, optionally divide, write. Reading every input before writing the block is what makes
-// out == contributions[k] safe. The scalar tail performs the identical operation sequence per
-// element, so results do not depend on where the vector/tail boundary falls.
+// The scalar tail: the identical operation sequence per element as the vector bodies, so
+// results do not depend on where the vector/tail boundary falls (nor on the vector width).
 template <DType D>
-[[gnu::always_inline]] inline void ReduceBody(const std::byte* const* src, uint32_t n,
-                                              uint64_t elems, bool mean, std::byte* out) {
-  using E = Elem<D>;
+inline void ReduceTail(const std::byte* const* src, uint32_t n, uint64_t i, uint64_t elems,
+                       bool mean, std::byte* out) {
+  using E = Elem<D, 4>;
   const float divisor = static_cast<float>(n);
-  uint64_t i = 0;
-  for (; i + kLanes <= elems; i += kLanes) {
-    const uint64_t off = i * E::kBytes;
-    VecF acc = E::LoadVec(src[0] + off);
-    for (uint32_t r = 1; r < n; ++r) acc += E::LoadVec(src[r] + off);
-    if (mean) acc /= divisor;
-    acc = CanonicalizeNaN(acc);
-    E::StoreVec(acc, out + off);
-  }
   for (; i < elems; ++i) {
     const uint64_t off = i * E::kBytes;
     float acc = E::Load(src[0] + off);
@@ -190,21 +196,66 @@ template <DType D>
   }
 }
 
+// One pass over the elements: per block of N, read the W inputs side by side (rank order), add,
+// optionally divide, write. Reading every input before writing the block is what makes
+// out == contributions[k] safe.
+template <DType D, int N>
+[[gnu::always_inline]] inline void ReduceBody(const std::byte* const* src, uint32_t n,
+                                              uint64_t elems, bool mean, std::byte* out) {
+  using E = Elem<D, N>;
+  const float divisor = static_cast<float>(n);
+  uint64_t i = 0;
+  for (; i + N <= elems; i += N) {
+    const uint64_t off = i * E::kBytes;
+    typename V<N>::F acc = E::LoadVec(src[0] + off);
+    for (uint32_t r = 1; r < n; ++r) acc += E::LoadVec(src[r] + off);
+    if (mean) acc /= divisor;
+    E::StoreVec(CanonicalizeNaN<N>(acc), out + off);
+  }
+  ReduceTail<D>(src, n, i, elems, mean, out);
+}
+
 using KernelFn = void (*)(const std::byte* const*, uint32_t, uint64_t, bool, std::byte*);
 
 template <DType D>
 void ReduceBaseline(const std::byte* const* src, uint32_t n, uint64_t elems, bool mean,
                     std::byte* out) {
-  ReduceBody<D>(src, n, elems, mean, out);
+  ReduceBody<D, 4>(src, n, elems, mean, out);
 }
 
 #if defined(__x86_64__)
-// Same source, compiled for AVX2: the generic vectors lower to ymm instead of xmm pairs. Only
-// AVX2 is enabled (not FMA), and -ffp-contract=off is set for this library, so no add is fused.
+// Same source, compiled for AVX2 with 8-lane (ymm) vectors. FMA is not enabled, and
+// -ffp-contract=off is set for this library, so no add is ever fused.
 template <DType D>
 __attribute__((target("avx2"))) void ReduceAvx2(const std::byte* const* src, uint32_t n,
                                                 uint64_t elems, bool mean, std::byte* out) {
-  ReduceBody<D>(src, n, elems, mean, out);
+  ReduceBody<D, 8>(src, n, elems, mean, out);
+}
+
+// f16 on the AVX2 path: the software conversions cost ~40 integer ops per 8 lanes and make the
+// kernel compute-bound, so here the F16C instructions convert instead. They are IEEE
+// conversions (exact widening; narrowing with the RNE rounding immediate), i.e. bit-identical to
+// half.h for every non-NaN value, and NaNs are canonicalised before narrowing anyway; the tests
+// compare both paths over all 65536 patterns. Reached only after the runtime F16C check.
+template <>
+__attribute__((target("avx2,f16c"))) void ReduceAvx2<DType::kF16>(
+    const std::byte* const* src, uint32_t n, uint64_t elems, bool mean, std::byte* out) {
+  const __m256 divisor = _mm256_set1_ps(static_cast<float>(n));
+  const __m256 canonical = _mm256_castsi256_ps(_mm256_set1_epi32(kCanonicalNaN));
+  uint64_t i = 0;
+  for (; i + 8 <= elems; i += 8) {
+    const uint64_t off = i * 2;
+    __m256 acc = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src[0] + off)));
+    for (uint32_t r = 1; r < n; ++r) {
+      acc = _mm256_add_ps(
+          acc, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src[r] + off))));
+    }
+    if (mean) acc = _mm256_div_ps(acc, divisor);
+    acc = _mm256_blendv_ps(acc, canonical, _mm256_cmp_ps(acc, acc, _CMP_UNORD_Q));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + off),
+                     _mm256_cvtps_ph(acc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  ReduceTail<DType::kF16>(src, n, i, elems, mean, out);
 }
 #endif
 
@@ -212,7 +263,8 @@ bool CpuHasAvx2() {
 #if defined(__x86_64__)
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
+    // Every AVX2 CPU has F16C, but check both: the f16 kernel on this path uses F16C.
+    return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("f16c") != 0;
   }();
   return has;
 #else

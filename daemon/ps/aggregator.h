@@ -24,10 +24,12 @@
 // on the hardware and operand order, so it would otherwise break bit-reproducibility. Assumes
 // the default floating-point environment (no FTZ/DAZ).
 //
-// Vectorisation: GCC vector extensions (16 f32 lanes), compiled twice — x86-64 baseline (SSE2)
-// and `target("avx2")` — with the AVX2 body chosen at run time by `__builtin_cpu_supports`. No
-// intrinsics, so the code builds for any x86-64 (and other targets, where the generic vectors
-// lower to whatever the target has) without -march flags.
+// Vectorisation: GCC vector extensions at each target's native width, compiled twice — x86-64
+// baseline (SSE2, 4 lanes) and `target("avx2")` (8 lanes) — with the AVX2 bodies chosen at run
+// time by `__builtin_cpu_supports("avx2")` and `("f16c")`. The only intrinsics are the F16C
+// conversions in the AVX2 f16 kernel (behind that check; bit-identical to the software ones).
+// So the library builds for any x86-64 without -march flags, and elsewhere the generic vectors
+// lower to whatever the target has.
 //
 // Data path: nothing here allocates. Contributions and output buffers belong to the caller
 // (receive buffers / the shm arena). Threading: `KeyAggregation` is not synchronised; one thread
@@ -53,6 +55,7 @@ enum class ReduceOp : uint8_t { kSum = 0, kMean = 1 };
 
 // Which compiled kernel runs. kAuto picks the best the CPU supports; the others exist so tests
 // can prove the paths agree bit for bit and benchmarks can compare them.
+// kAvx2 means AVX2 + F16C (every AVX2 CPU has both).
 enum class KernelIsa : uint8_t { kAuto = 0, kBaseline = 1, kAvx2 = 2 };
 
 // True if `isa` can run on this CPU (kAuto and kBaseline always can).

@@ -248,6 +248,39 @@ TEST(AggregatorTest, VectorConversionsMatchScalarForAllPatterns) {
   }
 }
 
+// The mean of two adjacent 16-bit values is exactly their midpoint in f32 (the sum needs at
+// most 12 significant bits and stays finite, halving is exact), so this drives a rounding tie through every
+// kernel's narrowing for every positive and negative finite pattern: RNE must pick the even one.
+TEST(AggregatorTest, VectorNarrowingRoundsEveryTieToEven) {
+  for (DType d : {DType::kF16, DType::kBF16}) {
+    // f16: every pair below infinity. bf16 shares f32's exponent range, so pairs in the top
+    // binade (0x7f00..) overflow the f32 sum and are left out.
+    const uint32_t limit = d == DType::kF16 ? 0x7c00u : 0x7f00u;
+    std::vector<uint16_t> lo, hi, even;
+    for (uint32_t sign : {0u, 0x8000u}) {
+      for (uint32_t b = 0; b + 1 < limit; ++b) {
+        lo.push_back(static_cast<uint16_t>(sign | b));
+        hi.push_back(static_cast<uint16_t>(sign | (b + 1)));
+        even.push_back(static_cast<uint16_t>(sign | ((b & 1u) ? b + 1 : b)));
+      }
+    }
+    std::vector<std::vector<std::byte>> in(2, std::vector<std::byte>(lo.size() * 2));
+    std::memcpy(in[0].data(), lo.data(), lo.size() * 2);
+    std::memcpy(in[1].data(), hi.data(), hi.size() * 2);
+    auto p = Pointers(in);
+    for (KernelIsa isa : AvailableIsas()) {
+      std::vector<uint16_t> out(lo.size());
+      ASSERT_TRUE(ReduceInRankOrder(d, p, lo.size() * 2, ReduceOp::kMean,
+                                    reinterpret_cast<std::byte*>(out.data()), isa)
+                      .ok());
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_EQ(out[i], even[i]) << sched::DTypeName(d) << " " << KernelIsaName(isa)
+                                   << std::hex << " lo=" << lo[i];
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reduction.
 
