@@ -74,7 +74,8 @@ class AutoPriority {
 struct PriorityOptions {
   // TAC's time oracle for recv ops: bytes over this link bandwidth (bytes/s).
   double link_bytes_per_s = 1.25e9;
-  // PACE's all-reduce cost model (its L_i do not depend on it; releases and durations do).
+  // PACE's all-reduce cost model, for the schedule PlanPace computes alongside; the priorities
+  // themselves depend only on L_i and release times, which come from the DAG alone.
   AllReduceCost allreduce_cost{0, 1e9 / 1.25e9};
   // For kAuto: the learner to read; without one, kAuto answers the provisional order
   // (registration order = position in `tensors`).
