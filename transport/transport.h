@@ -22,9 +22,10 @@
 //   - Sends to one peer go on the wire in PostSend_st order; a peer delivers and acknowledges
 //     them in that order.
 //   - Each posted send ends in exactly one of OnSendAcked_st or OnSendFailed_st; before that it
-//     may get OnSendDone_st (payload handed to the kernel/NIC: the source may be overwritten
-//     only after OnSendAcked_st/OnSendFailed_st for backends that DMA late, so the engine waits
-//     for those).
+//     may get OnSendDone_st (the frame left: for TCP the kernel holds a copy by then). Backends
+//     that DMA from the source later (verbs, DPDK zero-copy) may only release it at ack/fail,
+//     so an engine reuses a source buffer after OnSendAcked_st/OnSendFailed_st — which the
+//     credit window waits for anyway.
 //   - A peer that resets, closes, or stops making progress while work is pending for longer than
 //     TransportOptions::peer_timeout gets all its pending sends failed (in order), then
 //     OnPeerDown_st — never a hang.

@@ -124,14 +124,20 @@ void TunePeerSocket(int fd, const TransportOptions& options) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &options.socket_buffer_bytes, sizeof(int));
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &options.socket_buffer_bytes, sizeof(int));
   }
+  // The engine's own watchdog fails a peer at exactly peer_timeout when sends are pending; the
+  // kernel's user timeout is only a backstop (2x), so the two never race to report one event.
   const int64_t timeout_ms = std::max<int64_t>(1, options.peer_timeout / sched::kMillisecond);
-  const unsigned user_timeout = static_cast<unsigned>(std::min<int64_t>(timeout_ms, 1 << 30));
+  const unsigned user_timeout = static_cast<unsigned>(std::min<int64_t>(2 * timeout_ms, 1 << 30));
   setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof(user_timeout));
+  // Keep-alive covers the idle case the watchdog cannot see (nothing pending, waiting on the
+  // peer): idle T/2, then 3 probes T/6 apart, so a dead host is reset within about T.
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-  const int idle_s = static_cast<int>(std::clamp<int64_t>(timeout_ms / 3000, 1, 3600));
+  const int64_t timeout_s = timeout_ms / 1000;
+  const int idle_s = static_cast<int>(std::clamp<int64_t>(timeout_s / 2, 1, 3600));
+  const int interval_s = static_cast<int>(std::clamp<int64_t>(timeout_s / 6, 1, 3600));
   const int count = 3;
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &idle_s, sizeof(idle_s));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
 }
 
