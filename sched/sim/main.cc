@@ -1,1 +1,366 @@
-int main() { return 0; }  // placeholder: being written
+// gradlane-sim — runs communication-scheduling policies and the ideal bound over a model
+// profile in the discrete-event simulator (sched/sim/simulator.h) and prints one row per policy.
+//
+//   gradlane-sim --profile tests/data/models/resnet50.json --bandwidth 3gbit --workers 3 \
+//                --policy all --format csv
+//
+// Exit codes: 0 success; 2 bad input (flags, profile file, a policy's knobs) with a message on
+// stderr; 1 a simulation failure (a policy broke the Policy contract or stalled).
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
+#include "sched/dag.h"
+#include "sched/model_profile.h"
+#include "sched/policy.h"
+#include "sched/priority.h"
+#include "sched/sim/simulator.h"
+
+ABSL_FLAG(std::string, profile, "", "model profile JSON file (BRIEF §5 format); required");
+ABSL_FLAG(std::string, bandwidth, "10gbit",
+          "per-host link bandwidth per direction: Nkbit, Nmbit, Ngbit or plain bits/s");
+ABSL_FLAG(int, workers, 3, "number of hosts W (each a worker and a PS shard)");
+ABSL_FLAG(std::string, policy, "all",
+          "'all' or a comma-separated list of policies (fifo, p3, bytescheduler, prophet)");
+ABSL_FLAG(std::string, format, "csv", "csv (for tools) or table (for people)");
+ABSL_FLAG(double, overhead_us, 50, "per-message overhead θ on the sender's link, µs");
+ABSL_FLAG(double, latency_us, 25, "one-way latency, µs");
+ABSL_FLAG(double, aggregation_gbytes_per_s, 50,
+          "shard summing rate over input bytes, GB/s; 0 = instantaneous");
+ABSL_FLAG(int, iterations, 10, "measured iterations");
+ABSL_FLAG(int, warmup, 3, "warm-up iterations (simulated, not measured)");
+ABSL_FLAG(int64_t, partition_bytes, 0, "partition size δ for every policy; 0 = each one's default");
+ABSL_FLAG(int64_t, credit_bytes, 0, "credit window for every policy; 0 = each one's default");
+ABSL_FLAG(int64_t, shard_partition_bytes, 4 << 20, "granularity of the key-to-shard assignment");
+ABSL_FLAG(int64_t, ideal_granularity_bytes, 0,
+          "piece size of the ideal bound; 0 = 20 µs of link time in [16 KiB, 1 MiB]");
+ABSL_FLAG(std::string, priorities, "index",
+          "tensor priorities: index | auto | tic | tac | pace (DAG modes use the profile's chain)");
+ABSL_FLAG(bool, fluid, false,
+          "also print the all-ports fluid priority schedule (a reference, not a bound)");
+
+namespace {
+
+using gradlane::sched::ModelProfile;
+using gradlane::sched::Policy;
+using gradlane::sched::PolicyConfig;
+using gradlane::sched::Priority;
+using gradlane::sched::TimeNs;
+namespace sim = gradlane::sched::sim;
+
+[[noreturn]] void Fail(int code, absl::string_view message) {
+  std::cerr << "gradlane-sim: " << message << "\n";
+  std::exit(code);
+}
+
+// "3gbit", "100mbit", "1.5Gbit", "2.5e9" -> bits per second.
+absl::StatusOr<double> ParseBandwidth(absl::string_view text) {
+  std::string s = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  double scale = 1;
+  for (const auto& [suffix, factor] : {std::pair<absl::string_view, double>{"gbit", 1e9},
+                                       {"mbit", 1e6},
+                                       {"kbit", 1e3},
+                                       {"bit", 1}}) {
+    if (absl::EndsWith(s, suffix)) {
+      s.resize(s.size() - suffix.size());
+      scale = factor;
+      break;
+    }
+  }
+  double value = 0;
+  if (s.empty() || !absl::SimpleAtod(s, &value) || !std::isfinite(value) || value <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--bandwidth: '", text, "' is not a positive bandwidth (e.g. 3gbit, 100mbit, 2.5e9)"));
+  }
+  return value * scale;
+}
+
+// absl's parser exits with status 1 on an unknown flag or a bad value; the contract here is
+// exit code 2 for any bad input, so check every flag argument first.
+void PrecheckFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;  // positional: rejected later
+    arg.remove_prefix(arg[1] == '-' ? 2 : 1);
+    absl::string_view name = arg.substr(0, arg.find('='));
+    std::optional<absl::string_view> value;
+    if (arg.find('=') != absl::string_view::npos) value = arg.substr(arg.find('=') + 1);
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no")) {
+      flag = absl::FindCommandLineFlag(name.substr(2));
+      if (flag != nullptr && !flag->IsOfType<bool>()) flag = nullptr;
+      if (flag != nullptr) continue;
+    }
+    if (flag == nullptr) Fail(2, absl::StrCat("unknown flag --", name, " (try --help)"));
+    if (flag->IsOfType<bool>()) {
+      if (value.has_value()) {
+        std::string error;
+        if (!flag->ParseFrom(*value, &error)) {
+          Fail(2, absl::StrCat("--", name, ": ", error));
+        }
+      }
+      continue;
+    }
+    if (!value.has_value()) {
+      if (i + 1 >= argc) Fail(2, absl::StrCat("--", name, " needs a value"));
+      value = argv[++i];
+    }
+    std::string error;
+    if (!flag->ParseFrom(*value, &error)) Fail(2, absl::StrCat("--", name, ": ", error));
+  }
+}
+
+absl::StatusOr<std::vector<std::string>> PolicyList(absl::string_view text) {
+  const std::vector<std::string>& known = gradlane::sched::PolicyNames();
+  if (text == "all") return known;
+  std::vector<std::string> out;
+  for (absl::string_view name : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    name = absl::StripAsciiWhitespace(name);
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("--policy: unknown policy '", name,
+                                                     "' (known: ", absl::StrJoin(known, ", "),
+                                                     ", or all)"));
+    }
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.emplace_back(name);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("--policy: no policy named");
+  return out;
+}
+
+// Per-layer priorities for the configured mode (empty: layer index).
+absl::StatusOr<std::vector<Priority>> LayerPriorities(const ModelProfile& profile,
+                                                      absl::string_view mode_name,
+                                                      double bytes_per_s) {
+  absl::StatusOr<gradlane::sched::PriorityMode> mode =
+      gradlane::sched::ParsePriorityMode(std::string(mode_name));
+  if (!mode.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--priorities: ", mode.status().message()));
+  }
+  if (*mode == gradlane::sched::PriorityMode::kIndex) return std::vector<Priority>{};
+  std::vector<gradlane::sched::TensorSpec> tensors;
+  std::vector<gradlane::sched::ChainLayer> chain;
+  for (size_t i = 0; i < profile.layers.size(); ++i) {
+    const auto& l = profile.layers[i];
+    chain.push_back({l.name, l.param_bytes, l.fwd_ns, l.bwd_ns});
+    if (l.param_bytes > 0) {
+      tensors.push_back({static_cast<uint32_t>(i), l.param_bytes,
+                         gradlane::sched::DType::kF32, static_cast<Priority>(i)});
+    }
+  }
+  gradlane::sched::PriorityOptions options;
+  options.link_bytes_per_s = bytes_per_s;
+  gradlane::sched::AutoPriority learner;
+  if (*mode == gradlane::sched::PriorityMode::kAuto) {
+    // What the daemon would learn from the first iteration: the profile's ready order (ties in
+    // the order the simulator posts them: later layers first).
+    std::vector<size_t> order;
+    for (const auto& t : tensors) {
+      learner.Register(t.id);
+      order.push_back(t.id);
+    }
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      const TimeNs ra = profile.layers[a].ready_ns, rb = profile.layers[b].ready_ns;
+      return ra != rb ? ra < rb : a > b;
+    });
+    for (size_t id : order) learner.Observe(static_cast<uint32_t>(id), 0);
+    learner.Freeze();
+    options.auto_learner = &learner;
+  }
+  absl::StatusOr<gradlane::sched::Dag> dag = gradlane::sched::BuildChainDag(chain);
+  if (!dag.ok()) return dag.status();
+  absl::StatusOr<std::vector<Priority>> assigned =
+      gradlane::sched::AssignPriorities(*mode, tensors, &*dag, options);
+  if (!assigned.ok()) return assigned.status();
+  std::vector<Priority> per_layer(profile.layers.size());
+  for (size_t i = 0; i < per_layer.size(); ++i) per_layer[i] = static_cast<Priority>(i);
+  for (size_t k = 0; k < tensors.size(); ++k) per_layer[tensors[k].id] = (*assigned)[k];
+  return per_layer;
+}
+
+struct Row {
+  sim::SimResult result;
+};
+
+std::string Fixed(double v, int digits) {
+  if (!std::isfinite(v)) return "";
+  return absl::StrFormat("%.*f", digits, v);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "simulates communication-scheduling policies over a model profile.\n"
+      "  gradlane-sim --profile FILE --bandwidth 3gbit --workers 3 --policy all --format csv");
+  PrecheckFlags(argc, argv);
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) Fail(2, absl::StrCat("unexpected argument '", rest[1], "'"));
+
+  const std::string path = absl::GetFlag(FLAGS_profile);
+  if (path.empty()) Fail(2, "--profile FILE is required");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) Fail(2, absl::StrCat("cannot open profile '", path, "'"));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) Fail(2, absl::StrCat("cannot read profile '", path, "'"));
+  absl::StatusOr<ModelProfile> profile = gradlane::sched::ParseModelProfile(text.str());
+  if (!profile.ok()) Fail(2, absl::StrCat(path, ": ", profile.status().message()));
+
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (format != "csv" && format != "table") {
+    Fail(2, absl::StrCat("--format: '", format, "' is not csv or table"));
+  }
+  absl::StatusOr<double> bandwidth = ParseBandwidth(absl::GetFlag(FLAGS_bandwidth));
+  if (!bandwidth.ok()) Fail(2, bandwidth.status().message());
+
+  sim::SimConfig config;
+  config.workers = absl::GetFlag(FLAGS_workers);
+  config.bandwidth_bits_per_s = *bandwidth;
+  const double overhead_us = absl::GetFlag(FLAGS_overhead_us);
+  const double latency_us = absl::GetFlag(FLAGS_latency_us);
+  const double agg = absl::GetFlag(FLAGS_aggregation_gbytes_per_s);
+  if (!std::isfinite(overhead_us) || overhead_us < 0 || overhead_us > 1e9) {
+    Fail(2, "--overhead_us must be in [0, 1e9]");
+  }
+  if (!std::isfinite(latency_us) || latency_us < 0 || latency_us > 1e9) {
+    Fail(2, "--latency_us must be in [0, 1e9]");
+  }
+  if (!std::isfinite(agg) || agg < 0 || agg > 1e9) {
+    Fail(2, "--aggregation_gbytes_per_s must be in [0, 1e9] (0: instantaneous)");
+  }
+  config.overhead_ns = static_cast<TimeNs>(std::llround(overhead_us * 1000));
+  config.latency_ns = static_cast<TimeNs>(std::llround(latency_us * 1000));
+  config.aggregation_bytes_per_s = agg * 1e9;
+  config.measured_iterations = absl::GetFlag(FLAGS_iterations);
+  config.warmup_iterations = absl::GetFlag(FLAGS_warmup);
+  const int64_t shard_bytes = absl::GetFlag(FLAGS_shard_partition_bytes);
+  const int64_t ideal_bytes = absl::GetFlag(FLAGS_ideal_granularity_bytes);
+  const int64_t partition = absl::GetFlag(FLAGS_partition_bytes);
+  const int64_t credit = absl::GetFlag(FLAGS_credit_bytes);
+  if (shard_bytes <= 0) Fail(2, "--shard_partition_bytes must be > 0");
+  if (ideal_bytes < 0) Fail(2, "--ideal_granularity_bytes must be >= 0");
+  if (partition < 0) Fail(2, "--partition_bytes must be >= 0");
+  if (credit < 0) Fail(2, "--credit_bytes must be >= 0");
+  config.shard_partition_bytes = static_cast<uint64_t>(shard_bytes);
+  config.ideal_granularity_bytes = static_cast<uint64_t>(ideal_bytes);
+  absl::StatusOr<std::vector<Priority>> priorities =
+      LayerPriorities(*profile, absl::GetFlag(FLAGS_priorities), *bandwidth / 8);
+  if (!priorities.ok()) Fail(2, priorities.status().message());
+  config.priorities = *std::move(priorities);
+  if (absl::Status s = sim::ValidateConfig(*profile, config); !s.ok()) Fail(2, s.message());
+
+  absl::StatusOr<std::vector<std::string>> names = PolicyList(absl::GetFlag(FLAGS_policy));
+  if (!names.ok()) Fail(2, names.status().message());
+
+  auto factory_for = [&](const std::string& name) {
+    return [name, partition, credit, bandwidth = *bandwidth]() {
+      PolicyConfig pc;
+      pc.name = name;
+      pc.partition_bytes = static_cast<uint64_t>(partition);
+      pc.credit_bytes = static_cast<uint64_t>(credit);
+      pc.initial_bandwidth_bytes_per_s = bandwidth / 8;
+      return gradlane::sched::MakePolicy(pc);
+    };
+  };
+  // Bad knobs are input errors: find them before simulating anything.
+  for (const std::string& name : *names) {
+    absl::StatusOr<std::unique_ptr<Policy>> probe = factory_for(name)();
+    if (!probe.ok()) Fail(2, absl::StrCat("policy ", name, ": ", probe.status().message()));
+  }
+
+  std::vector<sim::SimResult> rows;
+  std::optional<sim::SimResult> fifo;
+  for (const std::string& name : *names) {
+    absl::StatusOr<sim::SimResult> r = sim::Simulate(*profile, config, factory_for(name), name);
+    if (!r.ok()) Fail(1, absl::StrCat("policy ", name, ": ", r.status().message()));
+    if (name == "fifo") fifo = *r;
+    rows.push_back(*std::move(r));
+  }
+  if (!fifo.has_value()) {  // the speedup column is relative to fifo even when it is not shown
+    absl::StatusOr<sim::SimResult> r = sim::Simulate(*profile, config, factory_for("fifo"), "fifo");
+    if (r.ok()) fifo = *std::move(r);
+  }
+  absl::StatusOr<sim::SimResult> ideal = sim::SimulateIdeal(*profile, config);
+  if (!ideal.ok()) Fail(1, absl::StrCat("ideal: ", ideal.status().message()));
+  rows.push_back(*ideal);
+  if (absl::GetFlag(FLAGS_fluid)) {
+    absl::StatusOr<sim::SimResult> fluid = sim::SimulateFluid(*profile, config);
+    if (!fluid.ok()) Fail(1, absl::StrCat("fluid: ", fluid.status().message()));
+    rows.push_back(*std::move(fluid));
+  }
+
+  const std::vector<std::string> header = {
+      "policy",   "iteration_ms", "speedup_vs_fifo", "ratio_to_ideal", "gpu_idle_pct",
+      "alpha",    "rho",          "compute_ms",      "comm_ms",        "max_link_mb",
+      "messages", "bandwidth_gbit", "workers",       "model"};
+  std::vector<std::vector<std::string>> cells;
+  for (const sim::SimResult& r : rows) {
+    double max_link = 0, messages = 0;
+    for (const sim::LinkStats& l : r.links) {
+      max_link = std::max({max_link, l.up_bytes, l.down_bytes});
+      messages += l.up_messages;
+    }
+    const bool is_bound = r.policy == "ideal" || r.policy == "fluid";
+    cells.push_back({
+        r.policy,
+        Fixed(r.mean_iteration_ns / 1e6, 3),
+        fifo.has_value() ? Fixed(fifo->mean_iteration_ns / r.mean_iteration_ns, 3) : "",
+        Fixed(r.mean_iteration_ns / ideal->mean_iteration_ns, 3),
+        Fixed(100 * r.gpu_idle_share, 1),
+        Fixed(r.alpha, 3),
+        Fixed(r.rho, 3),
+        Fixed(r.compute_ns / 1e6, 3),
+        Fixed(r.comm_ns / 1e6, 3),
+        Fixed(max_link / 1e6, 3),
+        is_bound ? "" : Fixed(messages, 0),
+        Fixed(config.bandwidth_bits_per_s / 1e9, 3),
+        absl::StrCat(config.workers),
+        profile->model,
+    });
+  }
+  if (format == "csv") {
+    std::cout << absl::StrJoin(header, ",") << "\n";
+    for (const auto& row : cells) std::cout << absl::StrJoin(row, ",") << "\n";
+  } else {
+    std::vector<size_t> width(header.size());
+    for (size_t c = 0; c < header.size(); ++c) {
+      width[c] = header[c].size();
+      for (const auto& row : cells) width[c] = std::max(width[c], row[c].size());
+    }
+    auto print = [&](const std::vector<std::string>& row) {
+      for (size_t c = 0; c < row.size(); ++c) {
+        std::cout << (c ? "  " : "") << (c == 0 ? absl::StrFormat("%-*s", width[c], row[c])
+                                                 : absl::StrFormat("%*s", width[c], row[c]));
+      }
+      std::cout << "\n";
+    };
+    print(header);
+    for (const auto& row : cells) print(row);
+    std::cout << absl::StrFormat(
+        "\n%s, W=%d, %.3g Gbit/s, θ=%.0f µs, latency=%.0f µs, %d+%d iterations; ideal bound from "
+        "the %s relaxation\n",
+        profile->model, config.workers, config.bandwidth_bits_per_s / 1e9, overhead_us,
+        latency_us, config.warmup_iterations, config.measured_iterations, ideal->variant);
+  }
+  return 0;
+}

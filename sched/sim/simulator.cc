@@ -460,6 +460,7 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory,
   for (int64_t k = config_.warmup_iterations; k < total_; ++k) {
     result.iteration_ns.push_back(latest_start(k + 1) - latest_start(k));
   }
+  result.total_ns = latest_start(total_);
   const double measured = config_.measured_iterations;
   result.mean_iteration_ns =
       static_cast<double>(latest_start(total_) - latest_start(config_.warmup_iterations)) /

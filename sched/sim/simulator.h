@@ -117,6 +117,11 @@ struct SimResult {
   std::string variant;  // the ideal bound: which port's relaxation gave it
   std::vector<TimeNs> iteration_ns;  // T(k) for each measured iteration
   double mean_iteration_ns = 0;
+  // From a cold start (t = 0, every worker beginning iteration 0) to max_w S(warmup+measured, w):
+  // the time to run all simulated iterations. This, not the windowed mean, is what the ideal
+  // bound bounds exactly: a short window can look faster than the steady state when a policy
+  // carries a growing backlog past its end.
+  TimeNs total_ns = 0;
   TimeNs compute_ns = 0;         // C
   double gpu_idle_share = 0;     // (T − C) / T
   double comm_ns = 0;            // N

@@ -341,8 +341,8 @@ TEST(SimulatorTest, IdealBoundIsBelowEveryPolicyOnEveryProfileAndBandwidth) {
         SCOPED_TRACE(absl::StrCat(name, " at ", gbit, " Gbit/s: ", f.name));
         absl::StatusOr<SimResult> r = Simulate(profile, c, f.factory, f.name);
         ASSERT_TRUE(r.ok()) << r.status();
-        EXPECT_LE(ideal->mean_iteration_ns, r->mean_iteration_ns)
-            << "bound from " << ideal->variant;
+        // From a cold start, every prefix of iterations: what the bound guarantees exactly.
+        EXPECT_LE(ideal->total_ns, r->total_ns) << "bound from " << ideal->variant;
         // Every policy moves the same bytes over the same links as the bound.
         for (size_t h = 0; h < r->links.size(); ++h) {
           EXPECT_DOUBLE_EQ(r->links[h].up_bytes, ideal->links[h].up_bytes);
@@ -399,10 +399,10 @@ TEST(SimulatorTest, SameInputsGiveIdenticalResults) {
 // Where communication and computation are of the same size (ρ ≈ 1), sending the layers the
 // next forward needs first lets the GPU start while the rest still flows.
 TEST(SimulatorTest, PriorityBeatsFifoWhenCommunicationMatchesCompute) {
-  const ModelProfile p = Uniform(12, 4'000'000, 1000, 2000);
+  const ModelProfile p = Uniform(12, 4'000'000, 10'000, 20'000);
   SimConfig c = SmallConfig(1e9);
   c.warmup_iterations = 2;
-  c.measured_iterations = 3;
+  c.measured_iterations = 4;
   // Bandwidth for ρ = 1.
   c.bandwidth_bits_per_s = 2.0 * 2 / 3 * p.TotalParamBytes() * 8 / (p.ComputeNs() * 1e-9);
   ASSERT_NEAR(Rho(p, c), 1.0, 1e-9);
@@ -411,12 +411,22 @@ TEST(SimulatorTest, PriorityBeatsFifoWhenCommunicationMatchesCompute) {
   ASSERT_TRUE(fifo.ok() && prio.ok());
   EXPECT_LT(prio->mean_iteration_ns, 0.95 * fifo->mean_iteration_ns);
   EXPECT_GT(prio->alpha, fifo->alpha);
-  for (const NamedFactory& f : ProductionPolicies()) {
-    if (f.name == "fifo") continue;
-    SCOPED_TRACE(f.name);
-    absl::StatusOr<SimResult> r = Simulate(p, c, f.factory, f.name);
+  EXPECT_LT(prio->gpu_idle_share, fifo->gpu_idle_share);
+  // The production priority policies, with partitions small enough to reorder 4 MB layers.
+  for (const char* name : {"bytescheduler", "prophet"}) {
+    SCOPED_TRACE(name);
+    absl::StatusOr<SimResult> r = Simulate(
+        p, c,
+        [name] {
+          PolicyConfig pc;
+          pc.name = name;
+          pc.partition_bytes = 1 << 20;
+          pc.credit_bytes = 4 << 20;
+          return MakePolicy(pc);
+        },
+        name);
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_LT(r->mean_iteration_ns, fifo->mean_iteration_ns);
+    EXPECT_LT(r->mean_iteration_ns, 0.95 * fifo->mean_iteration_ns);
   }
 }
 
