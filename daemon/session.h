@@ -1,0 +1,187 @@
+// daemon/session.h — the daemon's side of one client session: its arena, its two rings and
+// doorbells, its job and tensors, validation of everything the client writes, completions.
+//
+// Guarantees:
+// - Thread rules: a Session belongs to the engine thread that polls it (every method is `_st`
+//   in spirit: engine thread only). Nothing here locks.
+// - Shared memory is hostile. Each submission is copied out of the ring once, then checked
+//   (opcode, reserved fields, job, tensor id, range, element alignment, iteration order); a
+//   bad one is answered with an error completion and counted, and the session goes on. An
+//   inconsistent ring header or index is fatal for this session only (PollSubmissions reports
+//   it; the server then closes the session with GL_E_RING_CORRUPT).
+// - Backpressure, never blocking: every submission taken from the ring reserves a completion
+//   slot first, so Complete() can always post. When the client stops draining completions,
+//   the daemon stops taking submissions and the client's ring fills (gl_post -> GL_E_AGAIN).
+// - Data path (PollSubmissions, Complete, FlushCompletions) does not allocate; control path
+//   (HandleControl) may, and answers with a gl_reply carrying a gl_status and a message.
+#ifndef GRADLANE_DAEMON_SESSION_H_
+#define GRADLANE_DAEMON_SESSION_H_
+
+#include <sys/types.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sched/types.h"
+#include "shm/abi.h"
+#include "shm/arena.h"
+#include "shm/doorbell.h"
+#include "shm/ring.h"
+#include "shm/uds.h"
+
+namespace gradlane::daemon {
+
+// What a client registered for its job (stored for the engine: peers, policy, token).
+struct JobInfo {
+  std::string job_id;
+  uint32_t rank = 0;
+  uint32_t world_size = 0;
+  std::vector<std::string> peers;  // "host:port" of every rank's daemon, in rank order
+  std::string policy;
+  std::string auth_token;
+};
+
+struct TensorInfo {
+  uint32_t id = 0;  // dense per session, in registration order (equal across ranks that
+                    // register the same tensors in the same order)
+  std::string name;
+  uint64_t bytes = 0;
+  sched::DType dtype = sched::DType::kF32;
+  int32_t priority = GL_PRIORITY_AUTO;
+  uint64_t offset = 0;  // buffer's offset in the arena
+  int64_t last_iteration = -1;  // -1: never posted
+};
+
+// A submission that passed validation, as the engine receives it.
+struct PostDescriptor {
+  uint64_t session_id = 0;
+  uint32_t tensor_id = 0;
+  int64_t iteration = 0;
+  uint64_t offset = 0;  // within the tensor
+  uint64_t length = 0;
+  uint64_t user_data = 0;
+};
+
+class Session;
+
+// Receives valid posts. The engine must eventually call Session::Complete() exactly once per
+// descriptor (a completion slot is already reserved for it).
+class PostSink {
+ public:
+  virtual ~PostSink() = default;
+  virtual void OnPost(Session& session, const PostDescriptor& post) = 0;
+};
+
+// Per-session counters (engine thread; the server aggregates them into atomics).
+struct SessionCounters {
+  uint64_t posts_ok = 0;
+  uint64_t completions = 0;
+  uint64_t cq_stalls = 0;  // polls that stopped because the client did not drain completions
+  std::array<uint64_t, GL_STATUS_COUNT> bad_descriptors{};  // by gl_status
+};
+
+class Session {
+ public:
+  // Geometry of the arena: header page, submission ring, completion ring, then tensor data.
+  struct Layout {
+    uint64_t sq_offset, cq_offset, data_offset, arena_bytes;
+  };
+  static Layout ComputeLayout(uint32_t ring_slots, uint64_t arena_bytes);
+
+  // Creates the arena (memfd), initialises both rings and creates the doorbells.
+  // `ring_slots` must be a power of two; `arena_bytes` must leave room for the rings.
+  static absl::StatusOr<std::unique_ptr<Session>> Create(uint64_t id, shm::UniqueFd socket,
+                                                         shm::PeerCredentials peer,
+                                                         uint32_t ring_slots,
+                                                         uint64_t arena_bytes);
+
+  // Sends the hello reply with the arena memfd and both doorbell fds, then drops this side's
+  // copy of the memfd (the mapping stays).
+  absl::Status SendHelloReply(uint64_t request_id);
+
+  // Handles one control message received on the socket (anything after the hello) and sends
+  // the reply. Returns an error only if the socket failed (the session should be closed).
+  absl::Status HandleControl(const void* message, size_t length);
+
+  // Takes up to `budget` submissions. Valid ones go to `sink`; bad ones get an error
+  // completion. Returns how many were taken; `*corrupt` is set when the client broke its ring.
+  uint32_t PollSubmissions(PostSink* sink, uint32_t budget, bool* corrupt);
+
+  // Posts the completion of a descriptor handed to a sink (or an error for one). Never blocks.
+  // FailedPrecondition if no slot was reserved; DataLoss if the client corrupted the ring.
+  absl::Status Complete(const PostDescriptor& post, gl_status status);
+
+  // Rings the client's completion doorbell if it sleeps and something was posted since the
+  // last flush. One check per batch rather than per completion.
+  void FlushCompletions();
+
+  // Sleep protocol on the submission ring (see shm/doorbell.h). Arm returns false, leaving
+  // the doorbell disarmed, when a submission is already waiting.
+  bool ArmSubmissionDoorbell();
+  void DisarmSubmissionDoorbell() { sq_bell_.Disarm(); }
+  void DrainSubmissionDoorbell() { sq_bell_.Drain(); }
+
+  // Best-effort unsolicited gl_reply (GL_MSG_GOODBYE) before the server closes the session.
+  void SendGoodbye(gl_status status, const std::string& why);
+
+  uint64_t id() const { return id_; }
+  int socket_fd() const { return socket_.get(); }
+  int sq_doorbell_fd() const { return sq_efd_.get(); }
+  const shm::PeerCredentials& peer() const { return peer_; }
+  const JobInfo* job() const { return job_ ? job_.get() : nullptr; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const SessionCounters& counters() const { return counters_; }
+  uint64_t arena_bytes() const { return arena_.size(); }
+  uint64_t tensor_bytes_in_use() const { return allocator_.bytes_in_use(); }
+  uint8_t* arena_base() const { return arena_.base(); }  // for the engine (tensor data)
+  uint32_t reserved_completions() const { return reserved_; }
+  // True when the last poll stopped because the client left no completion slot free. The
+  // client has no doorbell towards the daemon for that, so the server re-polls it on a timer.
+  bool completion_stalled() const { return cq_stalled_; }
+
+  // Checks one descriptor copy; on success fills `*post` and advances the tensor's iteration.
+  gl_status Validate(const gl_sqe& e, PostDescriptor* post);
+
+ private:
+  Session(uint64_t id, shm::UniqueFd socket, shm::PeerCredentials peer, shm::Arena arena,
+          uint32_t ring_slots, const Layout& layout, shm::UniqueFd sq_efd, shm::UniqueFd cq_efd);
+
+  absl::Status Reply(uint32_t type, uint64_t request_id, gl_status status, const std::string& msg,
+                     uint64_t v0 = 0, uint64_t v1 = 0, uint64_t v2 = 0);
+  absl::Status HandleRegisterJob(const void* message, size_t length, uint64_t request_id);
+  absl::Status HandleRegisterTensor(const void* message, size_t length, uint64_t request_id);
+  bool RingHeadersIntact() const;
+
+  const uint64_t id_;
+  shm::UniqueFd socket_;
+  const shm::PeerCredentials peer_;
+  shm::Arena arena_;
+  const uint32_t ring_slots_;
+  const Layout layout_;
+  shm::UniqueFd sq_efd_;  // client writes, daemon sleeps on it
+  shm::UniqueFd cq_efd_;  // daemon writes, client sleeps on it
+  gl_ring_header* sq_header_;
+  gl_ring_header* cq_header_;
+  shm::RingConsumer<gl_sqe> sq_;
+  shm::RingProducer<gl_cqe> cq_;
+  shm::Doorbell sq_bell_;
+  shm::Doorbell cq_bell_;
+  uint32_t reserved_ = 0;  // submissions taken whose completion is not posted yet
+  bool cq_dirty_ = false;
+  bool cq_stalled_ = false;
+  shm::ArenaAllocator allocator_;
+  std::unique_ptr<JobInfo> job_;
+  std::vector<TensorInfo> tensors_;
+  absl::flat_hash_map<std::string, uint32_t> tensor_by_name_;
+  SessionCounters counters_;
+};
+
+}  // namespace gradlane::daemon
+
+#endif  // GRADLANE_DAEMON_SESSION_H_

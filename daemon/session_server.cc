@@ -1,0 +1,465 @@
+#include "daemon/session_server.h"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradlane::daemon {
+namespace {
+
+enum Kind : uint64_t { kListener = 1, kPending = 2, kSocket = 3, kPidfd = 4, kDoorbell = 5 };
+constexpr int kKindShift = 56;
+constexpr uint64_t Token(Kind k, uint64_t id) { return (uint64_t{k} << kKindShift) | id; }
+constexpr Kind TokenKind(uint64_t t) { return static_cast<Kind>(t >> kKindShift); }
+constexpr uint64_t TokenId(uint64_t t) { return t & ((uint64_t{1} << kKindShift) - 1); }
+
+int PidfdOpen(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+void CopyMessage(char (&dst)[GL_MESSAGE_TEXT], const std::string& msg) {
+  const size_t n = std::min<size_t>(msg.size(), GL_MESSAGE_TEXT - 1);
+  std::memcpy(dst, msg.data(), n);
+  dst[n] = '\0';
+}
+
+uint32_t NextPowerOfTwo(uint32_t v) {
+  uint32_t p = 1;
+  while (p < v && p < (1u << 31)) p <<= 1;
+  return p;
+}
+
+}  // namespace
+
+bool AccessPolicy::Allows(uid_t uid, gid_t gid) const {
+  if (allow_same_uid && uid == ::geteuid()) return true;
+  if (std::find(uids.begin(), uids.end(), uid) != uids.end()) return true;
+  return std::find(gids.begin(), gids.end(), gid) != gids.end();
+}
+
+struct SessionServer::Pending {
+  uint64_t token;
+  shm::UniqueFd socket;
+  sched::TimeNs deadline;
+};
+
+struct SessionServer::Live {
+  std::unique_ptr<Session> session;
+  shm::UniqueFd pidfd;  // invalid when pidfd_open is unavailable: the socket hang-up covers it
+};
+
+class SessionServer::LoopbackSink : public PostSink {
+ public:
+  void OnPost(Session& session, const PostDescriptor& post) override {
+    // Cannot fail: PollSubmissions reserved the slot. A corrupt ring shows up on the next poll.
+    (void)session.Complete(post, GL_OK);
+  }
+};
+
+sched::TimeNs SessionServer::MonotonicNow() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return sched::TimeNs{ts.tv_sec} * sched::kSecond + ts.tv_nsec;
+}
+
+absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Create(SessionServerOptions options,
+                                                                     PostSink* sink) {
+  if (sink == nullptr && !options.loopback_complete) {
+    return absl::InvalidArgumentError("a PostSink is required unless loopback_complete is set");
+  }
+  if (!shm::IsPowerOfTwo(options.default_ring_slots) || !shm::IsPowerOfTwo(options.max_ring_slots) ||
+      options.default_ring_slots > options.max_ring_slots) {
+    return absl::InvalidArgumentError("ring slot limits must be powers of two, default <= max");
+  }
+  if (options.default_arena_bytes > options.max_arena_bytes) {
+    return absl::InvalidArgumentError("default arena size above the maximum");
+  }
+  auto listener = shm::ListenUnix(options.socket_path, options.socket_mode);
+  if (!listener.ok()) return listener.status();
+  shm::UniqueFd ep(::epoll_create1(EPOLL_CLOEXEC));
+  if (!ep.valid()) return absl::InternalError(absl::StrCat("epoll_create1: ", std::strerror(errno)));
+  auto server = std::unique_ptr<SessionServer>(
+      new SessionServer(std::move(options), sink, std::move(*listener), std::move(ep)));
+  server->Watch(server->listener_.get(), Token(kListener, 0), EPOLLIN);
+  return server;
+}
+
+SessionServer::SessionServer(SessionServerOptions options, PostSink* sink, shm::UniqueFd listener,
+                             shm::UniqueFd epoll)
+    : options_(std::move(options)),
+      sink_(sink),
+      listener_(std::move(listener)),
+      epoll_(std::move(epoll)),
+      rx_buf_(GL_MAX_CONTROL_MESSAGE) {
+  if (sink_ == nullptr) {
+    loopback_ = std::make_unique<LoopbackSink>();
+    sink_ = loopback_.get();
+  }
+}
+
+SessionServer::~SessionServer() {
+  while (!sessions_.empty()) {
+    CloseSession(sessions_.back()->session->id(), GL_E_DISCONNECTED, "daemon shutting down");
+  }
+  ::unlink(options_.socket_path.c_str());
+}
+
+void SessionServer::Watch(int fd, uint64_t token, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = token;
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
+}
+
+void SessionServer::Unwatch(int fd) {
+  // Explicit: the client holds references to the same open files (doorbell), so closing our
+  // fd would not remove the registration.
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
+}
+
+Session* SessionServer::FindSession(uint64_t id) {
+  for (auto& l : sessions_) {
+    if (l->session->id() == id) return l->session.get();
+  }
+  return nullptr;
+}
+
+int SessionServer::PollOnce(sched::TimeNs now) {
+  int work = 0;
+  if (control_pending_ || now - last_control_ >= options_.control_interval) {
+    work += PollControl(now);
+  }
+  for (size_t i = 0; i < sessions_.size();) {
+    Session& s = *sessions_[i]->session;
+    bool corrupt = false;
+    work += static_cast<int>(s.PollSubmissions(sink_, options_.poll_budget, &corrupt));
+    s.FlushCompletions();
+    if (corrupt) {
+      ++totals_.corrupt_disconnects;
+      CloseSession(s.id(), GL_E_RING_CORRUPT,
+                   "ring header or index inconsistent: the client corrupted shared memory");
+      work += 1;
+      continue;  // sessions_[i] now holds another session
+    }
+    ++i;
+  }
+  if (work > 0) Publish();
+  return work;
+}
+
+int SessionServer::PollControl(sched::TimeNs now) {
+  last_control_ = now;
+  control_pending_ = false;
+  int work = 0;
+  epoll_event events[64];
+  const int n = ::epoll_wait(epoll_.get(), events, 64, 0);
+  for (int i = 0; i < n; ++i) {
+    const uint64_t t = events[i].data.u64;
+    ++work;
+    switch (TokenKind(t)) {
+      case kListener:
+        AcceptAll(now);
+        break;
+      case kPending:
+        HandlePending(TokenId(t));
+        break;
+      case kSocket:
+        HandleSessionSocket(TokenId(t), events[i].events);
+        break;
+      case kPidfd:
+        if (FindSession(TokenId(t)) != nullptr) {
+          ++totals_.clients_died;
+          CloseSession(TokenId(t), GL_E_DISCONNECTED, "client process exited");
+        }
+        break;
+      case kDoorbell:
+        if (Session* s = FindSession(TokenId(t))) s->DrainSubmissionDoorbell();
+        --work;  // a wake-up, not work: the ring poll counts the descriptors
+        break;
+    }
+  }
+  if (n == 64) control_pending_ = true;  // more may be waiting
+  // Connections that never said hello.
+  for (size_t i = 0; i < pending_.size();) {
+    if (now >= pending_[i]->deadline) {
+      Unwatch(pending_[i]->socket.get());
+      pending_[i] = std::move(pending_.back());
+      pending_.pop_back();
+      ++work;
+      continue;
+    }
+    ++i;
+  }
+  if (work > 0) Publish();
+  return work;
+}
+
+void SessionServer::AcceptAll(sched::TimeNs now) {
+  for (;;) {
+    const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;  // EAGAIN, or a transient error: the listener stays readable if not
+    auto p = std::make_unique<Pending>();
+    p->token = next_id_++;
+    p->socket.Reset(fd);
+    p->deadline = now + options_.handshake_timeout;
+    Watch(fd, Token(kPending, p->token), EPOLLIN | EPOLLRDHUP);
+    pending_.push_back(std::move(p));
+  }
+}
+
+void SessionServer::RejectHandshake(Pending& p, uint64_t request_id, gl_status status,
+                                    const std::string& why) {
+  gl_hello_reply r{};
+  r.header.type = GL_MSG_HELLO_REPLY;
+  r.header.length = sizeof(r);
+  r.header.request_id = request_id;
+  r.status = status;
+  r.abi_version = GL_ABI_VERSION;
+  CopyMessage(r.message, why);
+  (void)shm::SendMessage(p.socket.get(), &r, sizeof(r));
+  ++totals_.handshakes_rejected;
+  ++totals_.rejected_by_status[status];
+}
+
+void SessionServer::HandlePending(uint64_t token) {
+  auto it = std::find_if(pending_.begin(), pending_.end(),
+                         [&](const auto& p) { return p->token == token; });
+  if (it == pending_.end()) return;
+  std::unique_ptr<Pending> p = std::move(*it);
+  *it = std::move(pending_.back());
+  pending_.pop_back();
+  Unwatch(p->socket.get());
+
+  std::array<shm::UniqueFd, shm::kMaxPassedFds> stray;  // a hello carries no fds: dropped
+  auto rx = shm::ReceiveMessage(p->socket.get(), rx_buf_.data(), rx_buf_.size(), stray);
+  if (!rx.ok()) {
+    if (absl::IsUnavailable(rx.status())) {  // spurious wake-up: keep waiting
+      Watch(p->socket.get(), Token(kPending, p->token), EPOLLIN | EPOLLRDHUP);
+      pending_.push_back(std::move(p));
+      return;
+    }
+    RejectHandshake(*p, 0, GL_E_PROTOCOL, std::string(rx.status().message()));
+    return;
+  }
+  if (rx->eof) return;  // connected and left
+  gl_hello h{};
+  if (rx->bytes != sizeof(gl_hello)) {
+    // Read the magic if there is one, so a foreign protocol gets the clearer error.
+    uint32_t magic = 0;
+    if (rx->bytes >= offsetof(gl_hello, magic) + sizeof(magic)) {
+      std::memcpy(&magic, rx_buf_.data() + offsetof(gl_hello, magic), sizeof(magic));
+    }
+    if (magic != GL_ABI_MAGIC) {
+      RejectHandshake(*p, 0, GL_E_BAD_MAGIC, "not a gradlane client (bad magic in hello)");
+    } else {
+      RejectHandshake(*p, 0, GL_E_BAD_VERSION,
+                      absl::StrCat("hello of ", rx->bytes, " bytes: not ABI version ",
+                                   GL_ABI_VERSION, " (", sizeof(gl_hello), " bytes)"));
+    }
+    return;
+  }
+  std::memcpy(&h, rx_buf_.data(), sizeof(h));
+  if (h.magic != GL_ABI_MAGIC) {
+    RejectHandshake(*p, h.header.request_id, GL_E_BAD_MAGIC,
+                    absl::StrCat("bad magic 0x", absl::Hex(h.magic), " in hello (want 0x",
+                                 absl::Hex(GL_ABI_MAGIC), "): not a gradlane client"));
+    return;
+  }
+  if (h.abi_version != GL_ABI_VERSION) {
+    RejectHandshake(*p, h.header.request_id, GL_E_BAD_VERSION,
+                    absl::StrCat("client speaks ABI version ", h.abi_version,
+                                 ", this daemon speaks ", GL_ABI_VERSION));
+    return;
+  }
+  if (h.header.type != GL_MSG_HELLO || h.header.length != sizeof(h) || h.reserved != 0) {
+    RejectHandshake(*p, h.header.request_id, GL_E_PROTOCOL, "malformed hello header");
+    return;
+  }
+  auto cred = shm::GetPeerCredentials(p->socket.get());
+  if (!cred.ok()) {
+    RejectHandshake(*p, h.header.request_id, GL_E_IO, std::string(cred.status().message()));
+    return;
+  }
+  if (!options_.policy.Allows(cred->uid, cred->gid)) {
+    RejectHandshake(*p, h.header.request_id, GL_E_PERMISSION,
+                    absl::StrCat("uid ", cred->uid, " gid ", cred->gid,
+                                 " is not allowed to use this daemon"));
+    return;
+  }
+  if (sessions_.size() >= options_.max_sessions) {
+    RejectHandshake(*p, h.header.request_id, GL_E_NO_MEMORY,
+                    absl::StrCat("session limit (", options_.max_sessions, ") reached"));
+    return;
+  }
+  uint32_t slots = h.ring_slots == 0 ? options_.default_ring_slots : NextPowerOfTwo(h.ring_slots);
+  slots = std::clamp<uint32_t>(slots, 8, options_.max_ring_slots);
+  uint64_t bytes = h.arena_bytes == 0 ? options_.default_arena_bytes : h.arena_bytes;
+  bytes = std::min(bytes, options_.max_arena_bytes);
+
+  const uint64_t id = next_id_++;
+  auto session = Session::Create(id, std::move(p->socket), *cred, slots, bytes);
+  if (!session.ok()) {
+    // The socket moved into Create only on success paths that return a Session; on failure
+    // it was destroyed with the arguments, so the client sees a hang-up. Count it.
+    ++totals_.handshakes_rejected;
+    ++totals_.rejected_by_status[GL_E_NO_MEMORY];
+    return;
+  }
+  auto live = std::make_unique<Live>();
+  live->session = std::move(*session);
+  if (absl::Status s = live->session->SendHelloReply(h.header.request_id); !s.ok()) return;
+  Session& sess = *live->session;
+  live->pidfd.Reset(PidfdOpen(cred->pid));
+  Watch(sess.socket_fd(), Token(kSocket, id), EPOLLIN | EPOLLRDHUP);
+  Watch(sess.sq_doorbell_fd(), Token(kDoorbell, id), EPOLLIN);
+  if (live->pidfd.valid()) Watch(live->pidfd.get(), Token(kPidfd, id), EPOLLIN);
+  sessions_.push_back(std::move(live));
+  ++totals_.sessions_accepted;
+}
+
+void SessionServer::HandleSessionSocket(uint64_t session_id, uint32_t events) {
+  Session* s = FindSession(session_id);
+  if (s == nullptr) return;
+  // Drain every message first: a client may send a request and close right away.
+  for (int i = 0; i < 64; ++i) {
+    std::array<shm::UniqueFd, shm::kMaxPassedFds> stray;  // fds from a client are never kept
+    auto rx = shm::ReceiveMessage(s->socket_fd(), rx_buf_.data(), rx_buf_.size(), stray);
+    if (!rx.ok()) {
+      if (absl::IsUnavailable(rx.status())) break;
+      if (absl::IsOutOfRange(rx.status())) continue;  // oversized: dropped, session goes on
+      ++totals_.clients_died;
+      CloseSession(session_id, GL_E_IO, std::string(rx.status().message()));
+      return;
+    }
+    if (rx->eof) {
+      ++totals_.clients_died;
+      CloseSession(session_id, GL_E_DISCONNECTED, "client closed the socket");
+      return;
+    }
+    if (!s->HandleControl(rx_buf_.data(), rx->bytes).ok()) {
+      ++totals_.clients_died;
+      CloseSession(session_id, GL_E_IO, "reply failed");
+      return;
+    }
+  }
+  if ((events & (EPOLLHUP | EPOLLERR)) != 0) {
+    ++totals_.clients_died;
+    CloseSession(session_id, GL_E_DISCONNECTED, "client socket hung up");
+  } else {
+    control_pending_ = true;  // stopped at 64 messages, or a hang-up arrives with the data
+  }
+}
+
+void SessionServer::CloseSession(uint64_t session_id, gl_status reason, const std::string& why) {
+  auto it = std::find_if(sessions_.begin(), sessions_.end(),
+                         [&](const auto& l) { return l->session->id() == session_id; });
+  if (it == sessions_.end()) return;
+  std::unique_ptr<Live> live = std::move(*it);
+  *it = std::move(sessions_.back());
+  sessions_.pop_back();
+  Session& s = *live->session;
+  if (reason != GL_E_DISCONNECTED) s.SendGoodbye(reason, why);
+  Unwatch(s.socket_fd());
+  Unwatch(s.sq_doorbell_fd());
+  if (live->pidfd.valid()) Unwatch(live->pidfd.get());
+  // Keep the session's counters in the totals; its arena, fds and tensor ids go with it.
+  const SessionCounters& c = s.counters();
+  totals_.posts_ok += c.posts_ok;
+  totals_.completions += c.completions;
+  for (int k = 0; k < GL_STATUS_COUNT; ++k) {
+    totals_.bad_by_status[k] += c.bad_descriptors[k];
+    totals_.bad_descriptors += c.bad_descriptors[k];
+  }
+  ++totals_.sessions_closed;
+  live.reset();
+  Publish();
+}
+
+void SessionServer::Wait(int timeout_ms) {
+  bool armed_all = true;
+  size_t armed = 0;
+  for (auto& l : sessions_) {
+    Session& s = *l->session;
+    if (s.completion_stalled()) {
+      // The client frees completion slots without a doorbell towards us: re-poll soon.
+      timeout_ms = timeout_ms < 0 || timeout_ms > 1 ? 1 : timeout_ms;
+      continue;
+    }
+    if (!s.ArmSubmissionDoorbell()) {
+      armed_all = false;
+      break;
+    }
+    ++armed;
+  }
+  if (armed_all) {
+    epoll_event events[1];
+    const int n = ::epoll_wait(epoll_.get(), events, 1, timeout_ms);
+    if (n != 0) control_pending_ = true;
+  }
+  for (size_t i = 0; i < sessions_.size(); ++i) sessions_[i]->session->DisarmSubmissionDoorbell();
+  (void)armed;
+}
+
+void SessionServer::Run(const std::atomic<bool>& stop, int idle_ms) {
+  while (!stop.load(std::memory_order_acquire)) {
+    if (PollOnce(MonotonicNow()) == 0) Wait(idle_ms);
+  }
+}
+
+void SessionServer::Publish() {
+  SessionServerStats t = totals_;
+  t.sessions_active = sessions_.size();
+  for (auto& l : sessions_) {
+    const Session& s = *l->session;
+    const SessionCounters& c = s.counters();
+    t.posts_ok += c.posts_ok;
+    t.completions += c.completions;
+    for (int k = 0; k < GL_STATUS_COUNT; ++k) {
+      t.bad_by_status[k] += c.bad_descriptors[k];
+      t.bad_descriptors += c.bad_descriptors[k];
+    }
+    t.arena_bytes_mapped += s.arena_bytes();
+    t.tensors_registered += s.tensors().size();
+  }
+  const uint64_t scalars[10] = {t.sessions_accepted, t.sessions_active, t.sessions_closed,
+                                t.clients_died, t.corrupt_disconnects, t.handshakes_rejected,
+                                t.posts_ok, t.completions, t.bad_descriptors,
+                                t.arena_bytes_mapped};
+  for (int i = 0; i < 10; ++i) published_[i].store(scalars[i], std::memory_order_relaxed);
+  for (int k = 0; k < GL_STATUS_COUNT; ++k) {
+    published_bad_[k].store(t.bad_by_status[k], std::memory_order_relaxed);
+    published_rejected_[k].store(t.rejected_by_status[k], std::memory_order_relaxed);
+  }
+  tensors_published_.store(t.tensors_registered, std::memory_order_release);
+}
+
+SessionServerStats SessionServer::Stats() const {
+  SessionServerStats t;
+  t.tensors_registered = tensors_published_.load(std::memory_order_acquire);
+  uint64_t* scalars[10] = {&t.sessions_accepted, &t.sessions_active, &t.sessions_closed,
+                           &t.clients_died, &t.corrupt_disconnects, &t.handshakes_rejected,
+                           &t.posts_ok, &t.completions, &t.bad_descriptors,
+                           &t.arena_bytes_mapped};
+  for (int i = 0; i < 10; ++i) *scalars[i] = published_[i].load(std::memory_order_relaxed);
+  for (int k = 0; k < GL_STATUS_COUNT; ++k) {
+    t.bad_by_status[k] = published_bad_[k].load(std::memory_order_relaxed);
+    t.rejected_by_status[k] = published_rejected_[k].load(std::memory_order_relaxed);
+  }
+  return t;
+}
+
+}  // namespace gradlane::daemon

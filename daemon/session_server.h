@@ -1,0 +1,150 @@
+// daemon/session_server.h — the daemon's listener for client sessions: the Unix socket, the
+// versioned hello, the SO_PEERCRED policy, the set of live sessions, client-death detection and
+// reclamation, and a poll loop an engine thread drives.
+//
+// Guarantees:
+// - Thread rules: PollOnce(), Wait() and every accessor of sessions are for the one engine
+//   thread that owns the server (`_st`). Stats() may be called from any thread.
+// - Handshake: the first message must be a gl_hello of the right size, magic and ABI version,
+//   from a peer whose SO_PEERCRED uid/gid the AccessPolicy allows; otherwise the client gets a
+//   gl_hello_reply with GL_E_BAD_MAGIC / GL_E_BAD_VERSION / GL_E_PERMISSION / GL_E_PROTOCOL and
+//   a readable message, and the connection is closed. A connection that says nothing within
+//   `handshake_timeout` is closed.
+// - Death: each session is watched through a pidfd (pidfd_open of the SO_PEERCRED pid) and its
+//   socket (hang-up). With PollOnce() called at least every `control_interval` (or Wait()
+//   sleeping), a dead client is noticed within that interval, and its arena, ids and counters
+//   are released at once. A client that corrupts its ring is disconnected (GL_MSG_GOODBYE with
+//   GL_E_RING_CORRUPT); the others are untouched.
+// - The data path (polling rings) makes no system call; control events are collected with one
+//   non-blocking epoll_wait at most every `control_interval`.
+#ifndef GRADLANE_DAEMON_SESSION_SERVER_H_
+#define GRADLANE_DAEMON_SESSION_SERVER_H_
+
+#include <sys/types.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/session.h"
+#include "sched/types.h"
+
+namespace gradlane::daemon {
+
+// Who may open a session. A peer is allowed if its uid is the daemon's own (when
+// allow_same_uid), or listed, or its primary gid is listed.
+struct AccessPolicy {
+  bool allow_same_uid = true;
+  std::vector<uid_t> uids;
+  std::vector<gid_t> gids;
+  bool Allows(uid_t uid, gid_t gid) const;
+};
+
+struct SessionServerOptions {
+  std::string socket_path = GL_DEFAULT_SOCKET_PATH;
+  mode_t socket_mode = 0666;  // access is decided by AccessPolicy, not by file mode
+  AccessPolicy policy;
+  uint64_t default_arena_bytes = uint64_t{64} << 20;
+  uint64_t max_arena_bytes = uint64_t{1} << 30;
+  uint32_t default_ring_slots = 1024;
+  uint32_t max_ring_slots = 1u << 16;
+  uint32_t max_sessions = 256;
+  sched::TimeNs control_interval = sched::kMillisecond;
+  sched::TimeNs handshake_timeout = 5 * sched::kSecond;
+  uint32_t poll_budget = 256;  // submissions taken per session per PollOnce
+  // Test mode: complete every valid post at once with GL_OK (no engine behind the server).
+  bool loopback_complete = false;
+};
+
+// Counters, readable from any thread.
+struct SessionServerStats {
+  uint64_t sessions_accepted = 0;
+  uint64_t sessions_active = 0;
+  uint64_t sessions_closed = 0;
+  uint64_t clients_died = 0;          // pidfd exit or socket hang-up
+  uint64_t corrupt_disconnects = 0;   // ring headers/indices broken by the client
+  uint64_t handshakes_rejected = 0;
+  std::array<uint64_t, GL_STATUS_COUNT> rejected_by_status{};
+  uint64_t posts_ok = 0;
+  uint64_t completions = 0;
+  uint64_t bad_descriptors = 0;
+  std::array<uint64_t, GL_STATUS_COUNT> bad_by_status{};
+  uint64_t arena_bytes_mapped = 0;    // sum over live sessions
+  uint64_t tensors_registered = 0;    // live sessions' tensors
+};
+
+class SessionServer {
+ public:
+  // Binds the socket. `sink` receives valid posts (not owned; may be null only with
+  // loopback_complete).
+  static absl::StatusOr<std::unique_ptr<SessionServer>> Create(SessionServerOptions options,
+                                                               PostSink* sink = nullptr);
+  ~SessionServer();
+  SessionServer(const SessionServer&) = delete;
+  SessionServer& operator=(const SessionServer&) = delete;
+
+  // One round: control events (accept, handshakes, registrations, deaths) if `now` is at
+  // least control_interval past the last round or Wait() saw activity; then every session's
+  // submissions. Returns the amount of work done (0 = idle). `now` is CLOCK_MONOTONIC ns.
+  int PollOnce(sched::TimeNs now);
+
+  // Sleeps until a submission doorbell rings, a control event arrives or `timeout_ms` passes
+  // (arming each session's doorbell per the protocol in shm/doorbell.h). Returns at once if a
+  // submission is already waiting.
+  void Wait(int timeout_ms);
+
+  // Convenience loop for tests and tools: PollOnce + Wait(idle_ms) until `stop` is set.
+  void Run(const std::atomic<bool>& stop, int idle_ms = 5);
+
+  SessionServerStats Stats() const;
+  Session* FindSession(uint64_t id);
+  size_t session_count() const { return sessions_.size(); }
+  const std::string& socket_path() const { return options_.socket_path; }
+
+  static sched::TimeNs MonotonicNow();
+
+ private:
+  struct Pending;
+  struct Live;
+  class LoopbackSink;
+
+  SessionServer(SessionServerOptions options, PostSink* sink, shm::UniqueFd listener,
+                shm::UniqueFd epoll);
+  int PollControl(sched::TimeNs now);
+  void AcceptAll(sched::TimeNs now);
+  void HandlePending(uint64_t token);
+  void RejectHandshake(Pending& p, uint64_t request_id, gl_status status, const std::string& why);
+  void HandleSessionSocket(uint64_t session_id, uint32_t events);
+  void CloseSession(uint64_t session_id, gl_status reason, const std::string& why);
+  void Publish();
+  void Watch(int fd, uint64_t token, uint32_t events);
+  void Unwatch(int fd);
+
+  SessionServerOptions options_;
+  PostSink* sink_;
+  std::unique_ptr<LoopbackSink> loopback_;
+  shm::UniqueFd listener_;
+  shm::UniqueFd epoll_;
+  std::vector<std::unique_ptr<Pending>> pending_;
+  std::vector<std::unique_ptr<Live>> sessions_;
+  uint64_t next_id_ = 1;
+  sched::TimeNs last_control_ = 0;
+  bool control_pending_ = true;
+  std::vector<uint8_t> rx_buf_;  // control messages (allocated once)
+
+  // Engine-thread totals, copied into the atomics by Publish().
+  SessionServerStats totals_;
+  std::array<std::atomic<uint64_t>, 10> published_{};
+  std::array<std::atomic<uint64_t>, GL_STATUS_COUNT> published_bad_{};
+  std::array<std::atomic<uint64_t>, GL_STATUS_COUNT> published_rejected_{};
+  std::atomic<uint64_t> tensors_published_{0};
+};
+
+}  // namespace gradlane::daemon
+
+#endif  // GRADLANE_DAEMON_SESSION_SERVER_H_

@@ -1,0 +1,450 @@
+// libgradlane: the C ABI of libclient/gradlane.h over shm/ (rings, doorbells, arena, socket).
+#include "libclient/gradlane.h"
+
+#include <time.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "libclient/gradlane_testing.h"
+#include "shm/arena.h"
+#include "shm/doorbell.h"
+#include "shm/ring.h"
+#include "shm/uds.h"
+
+using gradlane::shm::Arena;
+using gradlane::shm::Doorbell;
+using gradlane::shm::RingConsumer;
+using gradlane::shm::RingProducer;
+using gradlane::shm::RingResult;
+using gradlane::shm::UniqueFd;
+
+struct gl_client {
+  UniqueFd socket;
+  Arena arena;
+  UniqueFd sq_efd;
+  UniqueFd cq_efd;
+  RingProducer<gl_sqe> sq;
+  RingConsumer<gl_cqe> cq;
+  Doorbell sq_bell;  // we produce: ring it if the daemon sleeps
+  Doorbell cq_bell;  // we consume: arm it before sleeping
+  uint64_t session_id = 0;
+  int timeout_ms = 10000;
+  uint64_t next_request = 1;
+  bool disconnected = false;
+  int disconnect_status = GL_E_DISCONNECTED;
+  std::string last_error;
+  std::vector<uint64_t> tensor_bytes;  // by tensor id, for GL_WHOLE_TENSOR
+};
+
+namespace {
+
+thread_local std::string g_connect_error;
+
+// How long gl_wait spins before it sleeps: long enough to catch a completion that is a few
+// microseconds away without a system call, short enough not to burn a core.
+constexpr int64_t kSpinNs = 20'000;
+
+int64_t NowNs() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+int Fail(gl_client* c, int status, const std::string& why) {
+  if (c != nullptr) {
+    c->last_error = why;
+  } else {
+    g_connect_error = why;
+  }
+  return status;
+}
+
+int FromStatus(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk: return GL_OK;
+    case absl::StatusCode::kDeadlineExceeded: return GL_E_TIMEOUT;
+    case absl::StatusCode::kPermissionDenied: return GL_E_PERMISSION;
+    case absl::StatusCode::kNotFound: return GL_E_DISCONNECTED;
+    case absl::StatusCode::kInvalidArgument: return GL_E_INVALID_ARGUMENT;
+    case absl::StatusCode::kOutOfRange: return GL_E_PROTOCOL;
+    default: return GL_E_IO;
+  }
+}
+
+bool CopyString(char* dst, size_t cap, const char* src) {
+  if (src == nullptr) {
+    dst[0] = '\0';
+    return true;
+  }
+  const size_t n = std::strlen(src);
+  if (n >= cap) return false;
+  std::memcpy(dst, src, n + 1);
+  return true;
+}
+
+// Handles an unsolicited message (GL_MSG_GOODBYE) or EOF on the socket. Returns GL_OK if the
+// session is still up.
+int ReadSocketEvent(gl_client* c) {
+  std::array<UniqueFd, gradlane::shm::kMaxPassedFds> stray;
+  gl_reply r{};
+  for (;;) {
+    auto rx = gradlane::shm::ReceiveMessage(c->socket.get(), &r, sizeof(r), stray);
+    if (!rx.ok()) {
+      if (absl::IsUnavailable(rx.status())) return GL_OK;
+      c->disconnected = true;
+      return Fail(c, GL_E_DISCONNECTED, std::string(rx.status().message()));
+    }
+    if (rx->eof) {
+      c->disconnected = true;
+      if (c->last_error.empty()) c->last_error = "the daemon closed the session";
+      return GL_E_DISCONNECTED;
+    }
+    if (rx->bytes == sizeof(r) && r.header.type == GL_MSG_GOODBYE) {
+      c->disconnected = true;
+      c->disconnect_status = r.status;
+      r.message[GL_MESSAGE_TEXT - 1] = '\0';
+      return Fail(c, GL_E_DISCONNECTED,
+                  absl::StrCat("daemon closed the session (", gl_strerror(r.status), "): ",
+                               r.message));
+    }
+    // A late reply to a request that timed out: drop it and look again.
+  }
+}
+
+int Request(gl_client* c, const void* msg, uint32_t len, uint64_t request_id, gl_reply* reply) {
+  if (c->disconnected) return Fail(c, GL_E_DISCONNECTED, c->last_error);
+  if (absl::Status s = gradlane::shm::SendMessage(c->socket.get(), msg, len); !s.ok()) {
+    c->disconnected = true;
+    return Fail(c, GL_E_DISCONNECTED, std::string(s.message()));
+  }
+  const int64_t deadline = NowNs() + int64_t{c->timeout_ms} * 1'000'000;
+  std::array<UniqueFd, gradlane::shm::kMaxPassedFds> stray;
+  for (;;) {
+    const int64_t left_ms = (deadline - NowNs()) / 1'000'000;
+    if (left_ms <= 0) return Fail(c, GL_E_TIMEOUT, "no reply from the daemon in time");
+    if (absl::Status s = gradlane::shm::WaitReadable(c->socket.get(), static_cast<int>(left_ms));
+        !s.ok()) {
+      return Fail(c, FromStatus(s), std::string(s.message()));
+    }
+    auto rx = gradlane::shm::ReceiveMessage(c->socket.get(), reply, sizeof(*reply), stray);
+    if (!rx.ok()) {
+      c->disconnected = true;
+      return Fail(c, GL_E_DISCONNECTED, std::string(rx.status().message()));
+    }
+    if (rx->eof) {
+      c->disconnected = true;
+      return Fail(c, GL_E_DISCONNECTED, "the daemon closed the session");
+    }
+    if (rx->bytes != sizeof(*reply)) continue;
+    reply->message[GL_MESSAGE_TEXT - 1] = '\0';
+    if (reply->header.type == GL_MSG_GOODBYE) {
+      c->disconnected = true;
+      return Fail(c, GL_E_DISCONNECTED,
+                  absl::StrCat("daemon closed the session (", gl_strerror(reply->status),
+                               "): ", reply->message));
+    }
+    if (reply->header.type != GL_MSG_REPLY || reply->header.request_id != request_id) continue;
+    if (reply->status != GL_OK) return Fail(c, reply->status, reply->message);
+    c->last_error.clear();
+    return GL_OK;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* gl_strerror(int status) {
+  switch (status) {
+    case GL_OK: return "ok";
+    case GL_E_INVALID_ARGUMENT: return "invalid argument";
+    case GL_E_BAD_MAGIC: return "bad magic: not a gradlane peer";
+    case GL_E_BAD_VERSION: return "ABI version mismatch between client and daemon";
+    case GL_E_PERMISSION: return "permission denied by the daemon's uid/gid policy";
+    case GL_E_NO_MEMORY: return "out of arena memory or over a daemon limit";
+    case GL_E_AGAIN: return "submission ring full: consume completions and retry";
+    case GL_E_TIMEOUT: return "timed out";
+    case GL_E_DISCONNECTED: return "disconnected from the daemon";
+    case GL_E_PROTOCOL: return "protocol error in a control message";
+    case GL_E_BAD_TENSOR: return "unknown tensor id";
+    case GL_E_BAD_RANGE: return "byte range empty, outside the tensor or not whole elements";
+    case GL_E_BAD_ITERATION: return "iteration negative, going backwards or skipping ahead";
+    case GL_E_BAD_OPCODE: return "unknown descriptor opcode";
+    case GL_E_BAD_DESCRIPTOR: return "descriptor flags or reserved fields not zero";
+    case GL_E_NO_JOB: return "no job registered in this session";
+    case GL_E_ALREADY_EXISTS: return "already registered";
+    case GL_E_RING_CORRUPT: return "shared ring corrupted";
+    case GL_E_IO: return "system call failed";
+    case GL_E_INTERNAL: return "internal error";
+    default: return "unknown status";
+  }
+}
+
+const char* gl_last_error(const gl_client* c) {
+  return c == nullptr ? g_connect_error.c_str() : c->last_error.c_str();
+}
+
+int gl_connect(const gl_connect_options* options, gl_client** out) {
+  if (out == nullptr) return Fail(nullptr, GL_E_INVALID_ARGUMENT, "out is NULL");
+  *out = nullptr;
+  gl_connect_options o{};
+  if (options != nullptr) o = *options;
+  std::string path;
+  if (o.socket_path != nullptr) {
+    path = o.socket_path;
+  } else if (const char* env = std::getenv("GRADLANE_SOCKET"); env != nullptr && *env != '\0') {
+    path = env;
+  } else {
+    path = GL_DEFAULT_SOCKET_PATH;
+  }
+  auto c = std::unique_ptr<gl_client>(new (std::nothrow) gl_client());
+  if (c == nullptr) return Fail(nullptr, GL_E_NO_MEMORY, "out of memory");
+  c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : 10000;
+
+  auto sock = gradlane::shm::ConnectUnix(path);
+  if (!sock.ok()) {
+    return Fail(nullptr, absl::IsPermissionDenied(sock.status()) ? GL_E_PERMISSION : GL_E_DISCONNECTED,
+                absl::StrCat("cannot reach the gradlane daemon: ", sock.status().message()));
+  }
+  c->socket = std::move(*sock);
+
+  gl_hello h{};
+  h.header.type = GL_MSG_HELLO;
+  h.header.length = sizeof(h);
+  h.header.request_id = c->next_request++;
+  h.magic = GL_ABI_MAGIC;
+  h.abi_version = GL_ABI_VERSION;
+  h.pid = ::getpid();
+  h.ring_slots = o.ring_slots;
+  h.arena_bytes = o.arena_bytes;
+  if (absl::Status s = gradlane::shm::SendMessage(c->socket.get(), &h, sizeof(h)); !s.ok()) {
+    return Fail(nullptr, GL_E_DISCONNECTED, std::string(s.message()));
+  }
+  if (absl::Status s = gradlane::shm::WaitReadable(c->socket.get(), c->timeout_ms); !s.ok()) {
+    return Fail(nullptr, FromStatus(s), absl::StrCat("hello: ", s.message()));
+  }
+  gl_hello_reply r{};
+  std::array<UniqueFd, gradlane::shm::kMaxPassedFds> fds;
+  auto rx = gradlane::shm::ReceiveMessage(c->socket.get(), &r, sizeof(r), fds);
+  if (!rx.ok()) return Fail(nullptr, GL_E_PROTOCOL, std::string(rx.status().message()));
+  if (rx->eof) return Fail(nullptr, GL_E_DISCONNECTED, "the daemon closed the connection");
+  if (rx->bytes != sizeof(r) || r.header.type != GL_MSG_HELLO_REPLY) {
+    return Fail(nullptr, GL_E_PROTOCOL, "unexpected reply to hello");
+  }
+  r.message[GL_MESSAGE_TEXT - 1] = '\0';
+  if (r.status != GL_OK) return Fail(nullptr, r.status, r.message);
+  if (r.abi_version != GL_ABI_VERSION) {
+    return Fail(nullptr, GL_E_BAD_VERSION,
+                absl::StrCat("daemon speaks ABI version ", r.abi_version, ", library ",
+                             GL_ABI_VERSION));
+  }
+  if (rx->num_fds != 3) {
+    return Fail(nullptr, GL_E_PROTOCOL, absl::StrCat("hello reply carried ", rx->num_fds, " fds, want 3"));
+  }
+  auto arena = Arena::Map(std::move(fds[0]), r.arena_bytes);
+  if (!arena.ok()) return Fail(nullptr, GL_E_PROTOCOL, std::string(arena.status().message()));
+  c->arena = std::move(*arena);
+  c->sq_efd = std::move(fds[1]);
+  c->cq_efd = std::move(fds[2]);
+  c->session_id = r.session_id;
+
+  const auto* ah = static_cast<const gl_arena_header*>(c->arena.At(0, sizeof(gl_arena_header)));
+  const uint32_t slots = ah->ring_slots;
+  if (ah->magic != GL_ARENA_MAGIC || !gradlane::shm::IsPowerOfTwo(slots) ||
+      c->arena.At(ah->sq_offset, gradlane::shm::RingBytes<gl_sqe>(slots)) == nullptr ||
+      c->arena.At(ah->cq_offset, gradlane::shm::RingBytes<gl_cqe>(slots)) == nullptr) {
+    return Fail(nullptr, GL_E_PROTOCOL, "arena header inconsistent");
+  }
+  auto* sqh = static_cast<gl_ring_header*>(c->arena.At(ah->sq_offset, sizeof(gl_ring_header)));
+  auto* cqh = static_cast<gl_ring_header*>(c->arena.At(ah->cq_offset, sizeof(gl_ring_header)));
+  c->sq = RingProducer<gl_sqe>(sqh, reinterpret_cast<gl_sqe*>(sqh + 1), slots);
+  c->cq = RingConsumer<gl_cqe>(cqh, reinterpret_cast<gl_cqe*>(cqh + 1), slots);
+  c->sq_bell = Doorbell(sqh, c->sq_efd.get());
+  c->cq_bell = Doorbell(cqh, c->cq_efd.get());
+  g_connect_error.clear();
+  *out = c.release();
+  return GL_OK;
+}
+
+int gl_register_job(gl_client* c, const gl_job_info* job) {
+  if (c == nullptr || job == nullptr) return Fail(c, GL_E_INVALID_ARGUMENT, "NULL argument");
+  if (job->num_peers > GL_MAX_PEERS || (job->num_peers > 0 && job->peers == nullptr)) {
+    return Fail(c, GL_E_INVALID_ARGUMENT, "peers");
+  }
+  gl_msg_register_job m{};
+  if (job->job_id == nullptr || !CopyString(m.job_id, sizeof(m.job_id), job->job_id)) {
+    return Fail(c, GL_E_INVALID_ARGUMENT, "job id missing or too long");
+  }
+  if (!CopyString(m.policy, sizeof(m.policy), job->policy)) {
+    return Fail(c, GL_E_INVALID_ARGUMENT, "policy name too long");
+  }
+  if (!CopyString(m.auth_token, sizeof(m.auth_token), job->auth_token)) {
+    return Fail(c, GL_E_INVALID_ARGUMENT, "auth token too long");
+  }
+  std::string peers;
+  for (uint32_t i = 0; i < job->num_peers; ++i) {
+    if (job->peers[i] == nullptr) return Fail(c, GL_E_INVALID_ARGUMENT, "NULL peer address");
+    peers.append(job->peers[i]);
+    peers.push_back('\0');
+  }
+  if (sizeof(m) + peers.size() > GL_MAX_CONTROL_MESSAGE) {
+    return Fail(c, GL_E_INVALID_ARGUMENT, "peer addresses too long for one message");
+  }
+  m.header.type = GL_MSG_REGISTER_JOB;
+  m.header.length = static_cast<uint32_t>(sizeof(m) + peers.size());
+  m.header.request_id = c->next_request++;
+  m.rank = job->rank;
+  m.world_size = job->world_size;
+  m.num_peers = job->num_peers;
+  m.peers_bytes = static_cast<uint32_t>(peers.size());
+  std::string msg(reinterpret_cast<const char*>(&m), sizeof(m));
+  msg += peers;
+  gl_reply r{};
+  return Request(c, msg.data(), static_cast<uint32_t>(msg.size()), m.header.request_id, &r);
+}
+
+int gl_register_tensor(gl_client* c, const char* name, uint64_t bytes, int dtype,
+                       int32_t priority, uint32_t* tensor_id, void** buffer) {
+  if (c == nullptr || name == nullptr || tensor_id == nullptr || buffer == nullptr) {
+    return Fail(c, GL_E_INVALID_ARGUMENT, "NULL argument");
+  }
+  gl_msg_register_tensor m{};
+  if (!CopyString(m.name, sizeof(m.name), name)) {
+    return Fail(c, GL_E_INVALID_ARGUMENT, "tensor name too long");
+  }
+  if (dtype < 0 || dtype > 255) return Fail(c, GL_E_INVALID_ARGUMENT, "dtype");
+  m.header.type = GL_MSG_REGISTER_TENSOR;
+  m.header.length = sizeof(m);
+  m.header.request_id = c->next_request++;
+  m.bytes = bytes;
+  m.priority = priority;
+  m.dtype = static_cast<uint8_t>(dtype);
+  gl_reply r{};
+  const int s = Request(c, &m, sizeof(m), m.header.request_id, &r);
+  if (s != GL_OK) return s;
+  void* p = c->arena.At(r.value1, r.value2);
+  if (p == nullptr || r.value2 != bytes) {
+    return Fail(c, GL_E_PROTOCOL, "daemon placed the tensor outside the arena");
+  }
+  const uint32_t id = static_cast<uint32_t>(r.value0);
+  if (c->tensor_bytes.size() <= id) c->tensor_bytes.resize(id + 1, 0);
+  c->tensor_bytes[id] = bytes;
+  *tensor_id = id;
+  *buffer = p;
+  return GL_OK;
+}
+
+int gl_post(gl_client* c, uint32_t tensor_id, int64_t iteration, uint64_t offset, uint64_t length,
+            uint64_t user_data) {
+  if (c == nullptr) return GL_E_INVALID_ARGUMENT;
+  gl_sqe e{};
+  e.user_data = user_data;
+  e.iteration = iteration;
+  e.offset = offset;
+  if (length == GL_WHOLE_TENSOR) {
+    // Unknown ids pass through with length 0: the daemon answers GL_E_BAD_TENSOR.
+    const uint64_t total = tensor_id < c->tensor_bytes.size() ? c->tensor_bytes[tensor_id] : 0;
+    length = total > offset ? total - offset : 0;
+  }
+  e.length = length;
+  e.tensor_id = tensor_id;
+  e.opcode = GL_OP_POST;
+  return gl_testing_post_raw(c, &e);
+}
+
+int gl_testing_post_raw(gl_client* c, const gl_sqe* sqe) {
+  if (c == nullptr || sqe == nullptr) return GL_E_INVALID_ARGUMENT;
+  if (c->disconnected) return GL_E_DISCONNECTED;
+  switch (c->sq.TryPush(*sqe)) {
+    case RingResult::kOk:
+      c->sq_bell.NotifyIfArmed();
+      return GL_OK;
+    case RingResult::kFull:
+      return GL_E_AGAIN;
+    default:
+      return Fail(c, GL_E_RING_CORRUPT, "submission ring consumer index inconsistent");
+  }
+}
+
+int gl_testing_control(gl_client* c, const void* msg, uint32_t len, uint64_t request_id,
+                       gl_reply* reply) {
+  if (c == nullptr || msg == nullptr || reply == nullptr) return GL_E_INVALID_ARGUMENT;
+  return Request(c, msg, len, request_id, reply);
+}
+
+int gl_poll(gl_client* c, gl_completion* out, uint32_t max, uint32_t* count) {
+  if (c == nullptr || count == nullptr || (out == nullptr && max > 0)) return GL_E_INVALID_ARGUMENT;
+  uint32_t n = 0;
+  while (n < max) {
+    gl_cqe e;
+    const RingResult r = c->cq.TryPop(&e);
+    if (r == RingResult::kEmpty) break;
+    if (r != RingResult::kOk) {
+      *count = n;
+      return Fail(c, GL_E_RING_CORRUPT, "completion ring producer index inconsistent");
+    }
+    gl_completion& o = out[n++];
+    o.status = e.status;
+    o.tensor_id = e.tensor_id;
+    o.iteration = e.iteration;
+    o.offset = e.offset;
+    o.length = e.length;
+    o.user_data = e.user_data;
+  }
+  *count = n;
+  return GL_OK;
+}
+
+int gl_wait(gl_client* c, gl_completion* out, uint32_t max, uint32_t* count, int timeout_ms) {
+  if (c == nullptr || count == nullptr || out == nullptr || max == 0) return GL_E_INVALID_ARGUMENT;
+  const int64_t start = NowNs();
+  const int64_t deadline = timeout_ms < 0 ? INT64_MAX : start + int64_t{timeout_ms} * 1'000'000;
+  for (;;) {
+    int s = gl_poll(c, out, max, count);
+    if (s != GL_OK || *count > 0) return s;
+    if (c->disconnected) return Fail(c, GL_E_DISCONNECTED, c->last_error);
+    const int64_t now = NowNs();
+    if (now - start < kSpinNs && now < deadline) continue;
+    if (now >= deadline) return GL_E_TIMEOUT;
+    c->cq_bell.Arm();
+    if (c->cq.HasEntry()) {
+      c->cq_bell.Disarm();
+      continue;
+    }
+    int wait_ms = -1;
+    if (deadline != INT64_MAX) wait_ms = static_cast<int>((deadline - now + 999'999) / 1'000'000);
+    bool socket_event = false;
+    c->cq_bell.Wait(wait_ms, c->socket.get(), &socket_event);
+    c->cq_bell.Drain();
+    c->cq_bell.Disarm();
+    if (socket_event) {
+      s = ReadSocketEvent(c);
+      if (s != GL_OK) {
+        // Completions posted before the goodbye are still valid: hand them out first.
+        if (gl_poll(c, out, max, count) == GL_OK && *count > 0) return GL_OK;
+        return s;
+      }
+    }
+  }
+}
+
+int gl_arena(const gl_client* c, void** base, uint64_t* bytes) {
+  if (c == nullptr || base == nullptr || bytes == nullptr) return GL_E_INVALID_ARGUMENT;
+  *base = c->arena.base();
+  *bytes = c->arena.size();
+  return GL_OK;
+}
+
+uint64_t gl_session_id(const gl_client* c) { return c == nullptr ? 0 : c->session_id; }
+
+void gl_close(gl_client* c) { delete c; }
+
+}  // extern "C"

@@ -1,0 +1,24 @@
+/* libclient/gradlane_testing.h — hooks for tests and tools, not part of the installed API.
+ * They bypass the library's own argument handling so the daemon's validation can be tested
+ * with descriptors the public calls would never produce. */
+#ifndef GRADLANE_LIBCLIENT_GRADLANE_TESTING_H_
+#define GRADLANE_LIBCLIENT_GRADLANE_TESTING_H_
+
+#include "libclient/gradlane.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Posts `sqe` as is (its seq is overwritten by the ring). */
+int gl_testing_post_raw(gl_client* c, const gl_sqe* sqe);
+
+/* Sends `len` bytes as one control message and waits for the reply to `request_id`. */
+int gl_testing_control(gl_client* c, const void* msg, uint32_t len, uint64_t request_id,
+                       gl_reply* reply);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* GRADLANE_LIBCLIENT_GRADLANE_TESTING_H_ */
