@@ -18,6 +18,7 @@
 #include <sys/uio.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -85,7 +86,9 @@ class Connection {
 
   // --- identity and timers ---------------------------------------------------------------
   ConnState state = ConnState::kFree;
-  uint32_t generation = 0;
+  // Atomic only so PeerStatsOf() on a metrics thread can check a handle without a data race;
+  // written by the engine thread when a slot is recycled.
+  std::atomic<uint32_t> generation{0};
   int fd = -1;
   bool inbound = false;
   bool epollout_armed = false;

@@ -72,7 +72,7 @@ absl::Status TcpTransport::Init() {
   dirty_.reserve(conns_.size());
   for (uint32_t i = 0; i < conns_.size(); ++i) {
     conns_[i].Init(options_.max_pending_sends_per_peer);
-    conns_[i].generation = 1;
+    conns_[i].generation.store(1, std::memory_order_relaxed);
     free_slots_.push_back(static_cast<uint32_t>(conns_.size() - 1 - i));  // pop_back gives slot 0 first
   }
   events_.resize(conns_.size() + 1);
@@ -844,7 +844,9 @@ void TcpTransport::ReleaseDeadSlots() {
   for (const uint32_t idx : dead_slots_) {
     Connection& c = conns_[idx];
     c.state = ConnState::kFree;
-    c.generation = c.generation % 0xFFFFu + 1;  // 1..0xFFFF: a handle is never kNoPeer
+    // 1..0xFFFF: a handle is never kNoPeer.
+    c.generation.store(c.generation.load(std::memory_order_relaxed) % 0xFFFFu + 1,
+                       std::memory_order_relaxed);
     free_slots_.push_back(idx);
   }
   dead_slots_.clear();
@@ -863,16 +865,15 @@ Connection* TcpTransport::Lookup(PeerHandle h) {
   const uint32_t idx = h & kIndexMask;
   if (idx >= conns_.size()) return nullptr;
   Connection& c = conns_[idx];
-  if (c.generation != (h >> kIndexBits) || c.state == ConnState::kFree) return nullptr;
+  if (c.generation.load(std::memory_order_relaxed) != (h >> kIndexBits) || c.state == ConnState::kFree) {
+    return nullptr;
+  }
   return &c;
 }
 
-const Connection* TcpTransport::Lookup(PeerHandle h) const {
-  return const_cast<TcpTransport*>(this)->Lookup(h);
-}
-
 PeerHandle TcpTransport::HandleOf(const Connection& c) const {
-  return (c.generation << kIndexBits) | static_cast<uint32_t>(&c - conns_.data());
+  return (c.generation.load(std::memory_order_relaxed) << kIndexBits) |
+         static_cast<uint32_t>(&c - conns_.data());
 }
 
 PeerInfo TcpTransport::InfoOf(const Connection& c) const {
@@ -901,8 +902,13 @@ TransportStats TcpTransport::Stats() const {
 }
 
 PeerStats TcpTransport::PeerStatsOf(PeerHandle peer) const {
-  const Connection* c = Lookup(peer);
-  return c == nullptr ? PeerStats{} : c->counters.Snapshot();
+  // Any thread: only atomics are read (the generation check, then the counters). A slot
+  // recycled between the two reads yields the new connection's (reset) counters.
+  const uint32_t idx = peer & kIndexMask;
+  if (idx >= conns_.size()) return PeerStats{};
+  const Connection& c = conns_[idx];
+  if (c.generation.load(std::memory_order_relaxed) != (peer >> kIndexBits)) return PeerStats{};
+  return c.counters.Snapshot();
 }
 
 }  // namespace gradlane::transport::tcp

@@ -39,6 +39,7 @@ class TcpTransport final {
   // Validates options and preallocates everything. `handler` must outlive the transport.
   static absl::StatusOr<std::unique_ptr<TcpTransport>> Create(const TransportOptions& options,
                                                                TransportHandler* handler);
+  // Closes every socket. No callbacks: the engine that owns the transport is going away.
   ~TcpTransport();
   TcpTransport(const TcpTransport&) = delete;
   TcpTransport& operator=(const TcpTransport&) = delete;
@@ -105,7 +106,6 @@ class TcpTransport final {
   absl::Status Init();
 
   Connection* Lookup(PeerHandle h);
-  const Connection* Lookup(PeerHandle h) const;
   PeerHandle HandleOf(const Connection& c) const;
   PeerInfo InfoOf(const Connection& c) const;
   Connection* AllocSlot();

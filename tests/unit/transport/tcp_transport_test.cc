@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -286,6 +287,8 @@ class RawPeer {
  public:
   explicit RawPeer(uint16_t port) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    const int one = 1;  // the frames go out in pieces: don't let Nagle + delayed ack stall them
+    setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(port);
@@ -338,10 +341,10 @@ class RawPeer {
   }
   // True once the transport closed its side (EOF or reset), pumping `t` meanwhile.
   bool ClosedByPeer(TcpTransport* t) {
-    uint8_t x;
+    uint8_t x[256];
     const TimeNs deadline = MonotonicNow() + 5 * sched::kSecond;
     while (MonotonicNow() < deadline) {
-      const ssize_t r = recv(fd_, &x, 1, MSG_DONTWAIT);
+      const ssize_t r = recv(fd_, x, sizeof(x), MSG_DONTWAIT);
       if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return true;
       t->Progress_st(MonotonicNow(), 1);
     }
@@ -436,6 +439,61 @@ TEST(TcpTransport, MalformedFramesAreCountedAndTheTransportLivesOn) {
   ASSERT_TRUE(a.t->PostSend_st(ab, s).ok());
   ASSERT_TRUE(PumpUntil({a.t.get(), b.t.get()}, [&] { return a.h.acked.size() == 1; }));
   EXPECT_EQ(sink[99], 0x5A);
+}
+
+// Every single-bit corruption of a data header gets an answer — an ack if the frame is still
+// valid, otherwise a goodbye naming the error and a close — never a crash, hang or silence.
+// (One flip turns kData into a well-formed kGoodbye: that one is honoured with a close.)
+TEST(TcpTransport, EverySingleBitFlipOfAHeaderIsAnsweredAndCounted) {
+  TransportOptions o = Opts();
+  o.max_segment_bytes = 1 << 20;
+  Node b(o);
+  const uint16_t port = *b.t->Listen_st();
+  ASSERT_TRUE(b.t->AddJob_st(Job(1)).ok());
+  std::vector<uint8_t> sink(1 << 16);
+  const RegionId r = *b.t->RegisterRegion_st(sink.data(), sink.size());
+  b.h.resolve = [&](const PeerInfo&, const FrameHeader& h) {
+    return h.length <= 64 ? RecvTarget::Into(r, 0) : RecvTarget::Reject();
+  };
+  const uint8_t payload[16] = {1, 2, 3};
+  int acks = 0, goodbyes = 0, honoured = 0;
+  for (size_t bit = 0; bit < kFrameHeaderBytes * 8; ++bit) {
+    SCOPED_TRACE(bit);
+    RawPeer raw(port);
+    ASSERT_TRUE(raw.connected());
+    raw.SendHello(kProtocolVersion);
+    FrameHeader ok;
+    ASSERT_TRUE(raw.Read(&ok, sizeof(ok), b.t.get()));
+    FrameHeader h = MakeHeader(FrameType::kData, kJob, 0);
+    h.length = h.payload_bytes = sizeof(payload);
+    reinterpret_cast<uint8_t*>(&h)[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+    raw.Send(&h, sizeof(h));
+    raw.Send(payload, sizeof(payload));
+    FrameHeader reply;
+    if (!raw.Read(&reply, sizeof(reply), b.t.get())) {
+      EXPECT_EQ(TypeOf(h), FrameType::kGoodbye) << "no answer to a corrupt frame";
+      EXPECT_TRUE(raw.ClosedByPeer(b.t.get()));
+      ++honoured;
+    } else if (TypeOf(reply) == FrameType::kAck) {
+      ++acks;
+      EXPECT_EQ(reply.seq, h.seq);
+      EXPECT_EQ(reply.key, h.key);
+    } else {
+      ASSERT_EQ(TypeOf(reply), FrameType::kGoodbye);
+      ++goodbyes;
+      std::vector<uint8_t> body(reply.payload_bytes);
+      ASSERT_TRUE(raw.Read(body.data(), body.size(), b.t.get()));
+      EXPECT_TRUE(raw.ClosedByPeer(b.t.get()));
+    }
+  }
+  uint64_t counted = 0;
+  for (const uint64_t n : b.t->Stats().errors) counted += n;
+  EXPECT_EQ(counted - b.t->Stats().errors[static_cast<size_t>(WireError::kNoTarget)],
+            static_cast<uint64_t>(goodbyes));
+  EXPECT_GT(acks, 100);      // key, iteration, offset, priority, rank, seq bits: still valid
+  EXPECT_GT(goodbyes, 100);  // magic, version, type, flags, lengths, dtype, job bits: not
+  EXPECT_EQ(honoured, 1);
+  EXPECT_EQ(acks + goodbyes + honoured, static_cast<int>(kFrameHeaderBytes * 8));
 }
 
 TEST(TcpTransport, KilledPeerFailsPendingSendsPromptly) {
