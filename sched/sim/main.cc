@@ -55,6 +55,9 @@ ABSL_FLAG(int64_t, ideal_granularity_bytes, 0,
           "piece size of the ideal bound; 0 = 20 µs of link time in [16 KiB, 1 MiB]");
 ABSL_FLAG(std::string, priorities, "index",
           "tensor priorities: index | auto | tic | tac | pace (DAG modes use the profile's chain)");
+ABSL_FLAG(bool, live_link_estimates, true,
+          "feed each policy its host's live bandwidth/RTT estimate (sched/bandwidth_estimator.h); "
+          "false: only the configured bandwidth and latency");
 ABSL_FLAG(bool, fluid, false,
           "also print the all-ports fluid priority schedule (a reference, not a bound)");
 
@@ -251,6 +254,7 @@ int main(int argc, char** argv) {
   config.overhead_ns = static_cast<TimeNs>(std::llround(overhead_us * 1000));
   config.latency_ns = static_cast<TimeNs>(std::llround(latency_us * 1000));
   config.aggregation_bytes_per_s = agg * 1e9;
+  config.live_link_estimates = absl::GetFlag(FLAGS_live_link_estimates);
   config.measured_iterations = absl::GetFlag(FLAGS_iterations);
   config.warmup_iterations = absl::GetFlag(FLAGS_warmup);
   const int64_t shard_bytes = absl::GetFlag(FLAGS_shard_partition_bytes);

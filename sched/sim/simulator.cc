@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "sched/bandwidth_estimator.h"
 
 namespace gradlane::sched::sim {
 namespace {
@@ -150,6 +151,7 @@ struct Message {
 struct DispatchRecord {
   uint64_t bytes = 0;
   int pending_messages = 0;
+  TimeNs sent_at = 0;
 };
 
 struct AggJob {
@@ -195,6 +197,8 @@ struct Worker {
 
 struct Host {
   std::unique_ptr<Policy> policy;
+  // What the daemon would feed the policy: the host's live link estimate from its acks.
+  BandwidthEstimator estimator;
   std::deque<int64_t> uplink_fifo;
   bool uplink_busy = false;
   TimeNs downlink_free = 0;
@@ -253,9 +257,11 @@ class Engine {
   void IdealArrive(int64_t msg_id, TimeNs now);
 
   int64_t NewMessage();
-  // Priority order; within a layer a pull first (it is one hop from its consumer).
-  static int64_t IdealRank(Priority priority, Direction direction) {
-    return 2 * static_cast<int64_t>(priority) + (direction == Direction::kPush ? 1 : 0);
+  // The order the next forward consumes layers in (the optimum of a single-port relaxation,
+  // whatever priorities the policies were given); within a layer a pull first (it is one hop
+  // from its consumer).
+  static int64_t IdealRank(uint32_t layer, Direction direction) {
+    return 2 * static_cast<int64_t>(layer) + (direction == Direction::kPush ? 1 : 0);
   }
   bool UpConstrained(int h) const { return ports_.all || (ports_.uplink && ports_.host == h); }
   bool DownConstrained(int h) const {
@@ -545,7 +551,7 @@ void Engine::OnGradientsReady(int w, int64_t iteration, size_t group, TimeNs now
 void Engine::Enqueue(int host, const ReadyRange& range, TimeNs now) {
   if (ideal_) {
     hosts_[host].ideal_up.insert(IdealItem{range.iteration,
-                                           IdealRank(range.priority, range.direction),
+                                           IdealRank(range.tensor_id, range.direction),
                                            range.tensor_id, range.offset,
                                            range.offset + range.length, range.priority,
                                            range.direction, range.peer, 0});
@@ -686,6 +692,8 @@ void Engine::Commit(int host_id, const Dispatch& d, TimeNs now) {
   DispatchRecord& rec = dispatches_[dispatch_id];
   rec.bytes = d.bytes;
   rec.pending_messages = 0;
+  rec.sent_at = now;
+  if (config_.live_link_estimates) hosts_[host_id].estimator.OnSend(d.bytes, now);
   // One message per peer, peers in order of first appearance (deterministic).
   std::vector<uint16_t> peers;
   for (const Segment& s : d.segments) {
@@ -766,7 +774,14 @@ void Engine::Ack(int64_t msg_id, TimeNs now) {
   DispatchRecord& rec = dispatches_[dispatch_id];
   if (--rec.pending_messages > 0) return;
   free_dispatches_.push_back(dispatch_id);
-  hosts_[src].policy->OnAcked(rec.bytes, now);
+  Host& host = hosts_[src];
+  host.policy->OnAcked(rec.bytes, now);
+  if (config_.live_link_estimates) {
+    host.estimator.OnAck(rec.bytes, rec.sent_at, now);
+    const std::optional<double> bw = host.estimator.BytesPerSecond();
+    const std::optional<TimeNs> rtt = host.estimator.SmoothedRtt();
+    if (bw.has_value() && rtt.has_value()) host.policy->OnLinkEstimate(*bw, *rtt);
+  }
   Pump(src, now);
 }
 
@@ -858,7 +873,7 @@ void Engine::IdealArrive(int64_t msg_id, TimeNs now) {
   }
   const Segment& seg = m.segments.front();
   hosts_[m.dst].ideal_down.insert(IdealItem{
-      seg.iteration, IdealRank(seg.priority, seg.direction), KeyTensor(seg.key), seg.offset,
+      seg.iteration, IdealRank(KeyTensor(seg.key), seg.direction), KeyTensor(seg.key), seg.offset,
       seg.offset + seg.length, seg.priority, seg.direction, m.src, arrivals_++});
   FreeMessage(msg_id);
   RequestIdealSchedule(now);

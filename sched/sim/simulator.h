@@ -12,7 +12,8 @@
 //    waits). The message is delivered when its last byte leaves the downlink; the ack reaches
 //    the sender `latency` later and returns the policy's credit.
 //  * One Policy per host is the egress scheduler for its pushes and for its shard's pull
-//    responses. Segments of one Dispatch for the same peer travel as one message.
+//    responses. Segments of one Dispatch for the same peer travel as one message. Policies get
+//    link estimates as in the daemon (SimConfig::live_link_estimates).
 //  * The local shard's contribution and result need no network. A shard aggregates a byte range
 //    of a key once all W contributions of it arrived, on one summing engine per shard at
 //    `aggregation_bytes_per_s` over the W·m input bytes (0: instantaneous), and then hands the
@@ -26,8 +27,9 @@
 // keeps everything of a policy run — workers, profile, key → shard assignment, latency — except
 // that (1) every port but p (one host's uplink or downlink) has infinite bandwidth, (2) there is
 // no per-message overhead, no aggregation time and no credit window, and (3) port p carries
-// bytes as a fluid (tiny pieces, SimConfig::ideal_granularity_bytes) in priority order (older
-// iteration first, then layer index), preempting at every piece. Why it is a lower bound:
+// bytes as a fluid (tiny pieces, SimConfig::ideal_granularity_bytes) in consumption order (older
+// iteration first, then layer index, whatever SimConfig::priorities says: those are an input of
+// the policies), preempting at every piece. Why it is a lower bound:
 //  * any policy run is a feasible schedule of relaxation p (it only ever waits longer), so the
 //    optimum of relaxation p is ≤ the policy's iteration time;
 //  * relaxation p has one constrained resource. Forward layer i can start only once every byte
@@ -90,10 +92,16 @@ struct SimConfig {
   double aggregation_bytes_per_s = 50e9;
   // Granularity of the key → shard assignment (BytePS's 4 MB partitions).
   uint64_t shard_partition_bytes = 4ull << 20;
-  int warmup_iterations = 2;
-  int measured_iterations = 5;
+  // Even and long enough that period-2 patterns (a policy alternating a long and a short
+  // iteration) average out; the first iteration has no pull to wait for and is always short.
+  int warmup_iterations = 3;
+  int measured_iterations = 10;
   // Piece size of the ideal bound; 0 = auto: 20 µs of link time, clamped to [16 KiB, 1 MiB].
   uint64_t ideal_granularity_bytes = 0;
+  // Each policy is first told the configured bandwidth and the round trip of a small message
+  // (θ + 2·latency). With live estimates on, every acknowledged dispatch also feeds the host's
+  // sched/bandwidth_estimator.h and the policy gets its estimate, as in the daemon.
+  bool live_link_estimates = true;
   // Per-layer priorities (0 = most urgent); empty = layer index.
   std::vector<Priority> priorities;
   // Safety valve against a runaway policy (e.g. one that dispatches zero-byte segments).

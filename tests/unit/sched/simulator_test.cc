@@ -430,6 +430,27 @@ TEST(SimulatorTest, PriorityBeatsFifoWhenCommunicationMatchesCompute) {
   }
 }
 
+TEST(SimulatorTest, ConfiguredPrioritiesReachThePolicies) {
+  // Reversing the priorities (output layer most urgent) sends first what the next forward
+  // needs last: a priority policy gets slower. The ideal bound ignores them (it always sends in
+  // the order the next forward consumes, the optimum), so it does not change.
+  const ModelProfile p = Uniform(12, 4'000'000, 10'000, 20'000);
+  SimConfig c = SmallConfig(1e9);
+  c.bandwidth_bits_per_s = 2.0 * 2 / 3 * p.TotalParamBytes() * 8 / (p.ComputeNs() * 1e-9);
+  SimConfig reversed = c;
+  for (int i = 0; i < 12; ++i) reversed.priorities.push_back(11 - i);
+  const PolicyFactory prio = ReferencePolicies()[1].factory;
+  absl::StatusOr<SimResult> by_index = Simulate(p, c, prio, "prio");
+  absl::StatusOr<SimResult> by_reverse = Simulate(p, reversed, prio, "prio");
+  ASSERT_TRUE(by_index.ok() && by_reverse.ok());
+  EXPECT_LT(by_index->mean_iteration_ns, 0.95 * by_reverse->mean_iteration_ns);
+  absl::StatusOr<SimResult> ideal_index = SimulateIdeal(p, c);
+  absl::StatusOr<SimResult> ideal_reverse = SimulateIdeal(p, reversed);
+  ASSERT_TRUE(ideal_index.ok() && ideal_reverse.ok());
+  EXPECT_EQ(ideal_index->iteration_ns, ideal_reverse->iteration_ns);
+  EXPECT_LT(ideal_index->total_ns, by_reverse->total_ns);
+}
+
 TEST(SimulatorTest, AStalledPolicyIsAnErrorNotAHang) {
   const ModelProfile p = Uniform(2, 1000, 10, 10);
   absl::StatusOr<SimResult> r = Simulate(
