@@ -12,7 +12,12 @@ def main():
     server_exe = sys.argv[1]
     tmp = tempfile.mkdtemp(prefix="gradlane-py-")
     sock = os.path.join(tmp, "gradlaned.sock")
-    server = subprocess.Popen([server_exe, sock], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)  # the server links its sanitizer runtimes itself
+    if "GRADLANE_CHILD_ASAN_OPTIONS" in env:
+        env["ASAN_OPTIONS"] = env["GRADLANE_CHILD_ASAN_OPTIONS"]
+    server = subprocess.Popen([server_exe, sock], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              env=env)
     try:
         assert server.stdout.readline().strip() == b"ready", "server did not start"
         run(sock)
