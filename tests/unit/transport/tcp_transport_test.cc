@@ -555,10 +555,10 @@ TEST(TcpTransport, SilentPeerTimesOutWithinTheConfiguredBound) {
 
 TEST(TcpTransport, IdlePeerIsNotTimedOut) {
   TransportOptions o = Opts();
-  o.peer_timeout = 100 * sched::kMillisecond;
+  o.peer_timeout = 150 * sched::kMillisecond;
   Node a(o), b(o);
   const PeerHandle ab = ConnectPair(a, b);
-  PumpFor({a.t.get(), b.t.get()}, 300 * sched::kMillisecond);  // nothing pending: no timer
+  PumpFor({a.t.get(), b.t.get()}, 400 * sched::kMillisecond);  // nothing pending: no timer
   EXPECT_TRUE(a.h.down.empty());
   // A send posted after the idle spell is measured from its post, not from the last traffic.
   std::vector<uint8_t> src(10), dst(10);
