@@ -10,8 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/ps/half.h"
 
-// Passing 64-byte generic vectors between (always-inlined) helpers makes GCC warn that the ABI
-// would differ with AVX enabled; nothing crosses a real call boundary, so the note is noise.
+// Passing 32-byte generic vectors between helpers compiled without AVX makes GCC warn that the
+// ABI would differ with AVX enabled; the helpers are always inlined, nothing crosses a real call
+// boundary, so the note is noise.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace gradlane::ps {
@@ -57,8 +58,7 @@ template <int N>
   const U exp = o & kExpMask;
   o += (127u - 15u) << 23;
   const U inf_nan = reinterpret_cast<U>(exp == kExpMask);
-  o += inf_nan & ((128u - 16u) << 23);
-  o |= inf_nan & reinterpret_cast<U>((o & 0x007fffffu) != 0u) & 0x00400000u;
+  o += inf_nan & ((128u - 16u) << 23);  // NaNs need no quieting here: see CanonicalizeNaN
   using F = typename V<N>::F;
   const F magic = std::bit_cast<float>(113u << 23) - F{};
   const U renorm = reinterpret_cast<U>(reinterpret_cast<F>(o + (1u << 23)) - magic);
@@ -90,30 +90,28 @@ template <int N>
   return __builtin_convertvector(o, typename V<N>::H);
 }
 
+// bf16 is the top half of an f32, so the kernels' forms are pure bit moves. Unlike half.h they
+// skip NaN handling, which the kernels make redundant: a NaN input yields a NaN sum whatever its
+// quiet bit, every NaN sum is replaced by the canonical one, and rounding that one
+// (0x7fc00000 + 0x7fff) >> 16 gives the canonical bf16 NaN 0x7fc0 with no special case.
 template <int N>
 [[gnu::always_inline]] inline typename V<N>::F Bf16ToF32(typename V<N>::H h16) {
   using U = typename V<N>::U;
-  using I = typename V<N>::I;
-  U o = __builtin_convertvector(h16, U) << 16;
-  o |= reinterpret_cast<U>(reinterpret_cast<I>(o & 0x7fffffffu) > 0x7f800000) & 0x00400000u;
-  return reinterpret_cast<typename V<N>::F>(o);
+  return reinterpret_cast<typename V<N>::F>(__builtin_convertvector(h16, U) << 16);
 }
 
 template <int N>
 [[gnu::always_inline]] inline typename V<N>::H F32ToBf16(typename V<N>::F value) {
   using U = typename V<N>::U;
-  using I = typename V<N>::I;
   const U f = reinterpret_cast<U>(value);
-  const U nan = (f >> 16) | 0x0040u;
-  const U rounded = (f + 0x7fffu + ((f >> 16) & 1u)) >> 16;
-  const I is_nan = reinterpret_cast<I>(f & 0x7fffffffu) > 0x7f800000;
-  return __builtin_convertvector(Select<N>(is_nan, nan, rounded), typename V<N>::H);
+  return __builtin_convertvector((f + 0x7fffu + ((f >> 16) & 1u)) >> 16, typename V<N>::H);
 }
 
 // Which NaN an addition returns when its operands carry different NaNs is up to the hardware
 // and to the operand order the compiler picks (x86 returns the first operand's, ARM may return a
 // default NaN), so NaN payloads and signs are not reproducible. Every NaN result is therefore
 // written as the one canonical quiet NaN (which narrows to 0x7e00 in f16 and 0x7fc0 in bf16).
+// This also lets the vector conversions above skip quieting NaNs on the way in.
 inline constexpr uint32_t kCanonicalNaN = 0x7fc00000u;
 template <int N>
 [[gnu::always_inline]] inline typename V<N>::F CanonicalizeNaN(typename V<N>::F v) {
