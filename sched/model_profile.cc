@@ -200,6 +200,14 @@ absl::StatusOr<ModelProfile> ParseModelProfile(std::string_view json_text) {
       }
     }
   }
+  // Each value is capped; their sums must be too, or a long profile could overflow TimeNs.
+  long double total_us = 0;
+  for (const ModelLayer& l : profile.layers) total_us += (l.fwd_ns + l.bwd_ns) / 1000.0L;
+  if (total_us > kMaxMicros) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model profile: total fwd_us + bwd_us is implausibly large: ",
+        static_cast<double>(total_us)));
+  }
   profile.explicit_ready_times = with_ready != 0;
   if (!profile.explicit_ready_times) {
     TimeNs cumulative = 0;

@@ -1,7 +1,7 @@
 // gradlane-sim — runs communication-scheduling policies and the ideal bound over a model
 // profile in the discrete-event simulator (sched/sim/simulator.h) and prints one row per policy.
 //
-//   gradlane-sim --profile tests/data/models/resnet50.json --bandwidth 3gbit --workers 3 \
+//   gradlane-sim --profile tests/data/models/resnet50.json --bandwidth 3gbit --workers 3
 //                --policy all --format csv
 //
 // Exit codes: 0 success; 2 bad input (flags, profile file, a policy's knobs) with a message on
@@ -58,6 +58,8 @@ ABSL_FLAG(std::string, priorities, "index",
 ABSL_FLAG(bool, live_link_estimates, true,
           "feed each policy its host's live bandwidth/RTT estimate (sched/bandwidth_estimator.h); "
           "false: only the configured bandwidth and latency");
+ABSL_FLAG(bool, details, false,
+          "after the rows, print each policy's per-iteration times and per-host link traffic");
 ABSL_FLAG(bool, fluid, false,
           "also print the all-ports fluid priority schedule (a reference, not a bound)");
 
@@ -365,6 +367,22 @@ int main(int argc, char** argv) {
         "the %s relaxation\n",
         profile->model, config.workers, config.bandwidth_bits_per_s / 1e9, overhead_us,
         latency_us, config.warmup_iterations, config.measured_iterations, ideal->variant);
+  }
+  if (absl::GetFlag(FLAGS_details)) {
+    std::cout << "\n# per-iteration times (ms) and per-host traffic (MB per iteration)\n";
+    for (const sim::SimResult& r : rows) {
+      std::cout << r.policy << (r.variant.empty() ? "" : absl::StrCat(" (", r.variant, ")"))
+                << ": iterations";
+      for (TimeNs t : r.iteration_ns) std::cout << absl::StrFormat(" %.3f", t / 1e6);
+      std::cout << "\n";
+      for (size_t h = 0; h < r.links.size(); ++h) {
+        const sim::LinkStats& l = r.links[h];
+        std::cout << absl::StrFormat(
+            "  host %d: up %.3f MB (busy %.3f ms, %.0f messages), down %.3f MB (busy %.3f ms)\n",
+            h, l.up_bytes / 1e6, l.up_busy_ns / 1e6, l.up_messages, l.down_bytes / 1e6,
+            l.down_busy_ns / 1e6);
+      }
+    }
   }
   return 0;
 }

@@ -919,6 +919,38 @@ absl::Status ValidateConfig(const ModelProfile& profile, const SimConfig& config
   if (profile.layers.size() >= (1ull << 32)) {
     return absl::InvalidArgumentError("model profile has too many layers");
   }
+  // Inputs the simulator could only answer by exhausting memory or overflowing virtual time:
+  // refuse them up front instead. Per-(worker, iteration, layer) state is kept for the run.
+  const long double state = static_cast<long double>(config.workers) * profile.layers.size() *
+                            (config.warmup_iterations + config.measured_iterations + 1);
+  if (state > (1 << 25)) {
+    return absl::InvalidArgumentError(
+        "workers × layers × iterations exceeds 2^25: simulate fewer iterations or workers");
+  }
+  long double chunks = 0;
+  long double bytes = 0;
+  for (const ModelLayer& l : profile.layers) {
+    chunks += std::ceil(static_cast<long double>(l.param_bytes) / config.shard_partition_bytes);
+    bytes += l.param_bytes;
+  }
+  if (chunks > (1 << 24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the profile needs ", static_cast<double>(chunks),
+                     " shard partitions (more than 2^24); raise the shard partition size"));
+  }
+  const long double per_iteration_ns =
+      static_cast<long double>(profile.ForwardNs()) + profile.BackwardNs() +
+      2.0L * config.workers * bytes * 8e9L / config.bandwidth_bits_per_s +
+      4.0L * (config.overhead_ns + config.latency_ns) * (chunks + 1) * config.workers +
+      (config.aggregation_bytes_per_s > 0
+           ? config.workers * bytes * 1e9L / config.aggregation_bytes_per_s
+           : 0.0L);
+  const long double iterations = config.warmup_iterations + config.measured_iterations + 1;
+  if (per_iteration_ns * iterations > 1e18L) {
+    return absl::InvalidArgumentError(
+        "the simulated time could exceed 10^18 ns (31 years): fewer iterations, a faster link "
+        "or a smaller model");
+  }
   return absl::OkStatus();
 }
 

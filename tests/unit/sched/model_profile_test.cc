@@ -113,6 +113,10 @@ TEST(ModelProfileTest, RejectsEveryMalformedInputWithAClearError) {
       {R"({"model": "m", "layers": [{"name": "a", "param_bytes": 1, "fwd_us": 1e300, "bwd_us": 1}]})",
        "implausibly large"},
       {R"({"model": "m", "layers": [
+          {"name": "a", "param_bytes": 1, "fwd_us": 6e11, "bwd_us": 1},
+          {"name": "b", "param_bytes": 1, "fwd_us": 6e11, "bwd_us": 1}]})",
+       "total fwd_us + bwd_us is implausibly large"},
+      {R"({"model": "m", "layers": [
           {"name": "a", "param_bytes": 1, "fwd_us": 1, "bwd_us": 1, "ready_us": 2},
           {"name": "b", "param_bytes": 1, "fwd_us": 1, "bwd_us": 1}]})",
        "ready_us is given for 1 of 2 layers; give it for all or none (first missing: layers[1]"},

@@ -485,6 +485,19 @@ TEST(SimulatorTest, InvalidConfigsAreRejected) {
   c = SmallConfig(1e9);
   c.shard_partition_bytes = 0;
   expect_invalid(c);
+
+  // Inputs that would exhaust memory or overflow virtual time are refused, not attempted.
+  const ModelProfile huge = Uniform(2, 1'000'000'000'000, 10, 10);
+  c = SmallConfig(1e9);
+  c.shard_partition_bytes = 1024;  // 2·10^9 shard partitions
+  EXPECT_THAT(std::string(Simulate(huge, c, f, "x").status().message()),
+              HasSubstr("shard partitions"));
+  c = SmallConfig(1);  // 1 bit/s: 10^12 bytes take longer than TimeNs can count
+  EXPECT_THAT(std::string(SimulateIdeal(huge, c).status().message()), HasSubstr("10^18 ns"));
+  c = SmallConfig(1e9);
+  c.measured_iterations = 100000;
+  EXPECT_THAT(std::string(Simulate(Uniform(200, 1000, 10, 10), c, f, "x").status().message()),
+              HasSubstr("2^25"));
 }
 
 }  // namespace
