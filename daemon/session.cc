@@ -37,7 +37,7 @@ Session::Layout Session::ComputeLayout(uint32_t ring_slots, uint64_t arena_bytes
   return l;
 }
 
-absl::StatusOr<std::unique_ptr<Session>> Session::Create(uint64_t id, shm::UniqueFd socket,
+absl::StatusOr<std::unique_ptr<Session>> Session::Create(uint64_t id, shm::UniqueFd&& socket,
                                                          shm::PeerCredentials peer,
                                                          uint32_t ring_slots,
                                                          uint64_t arena_bytes) {

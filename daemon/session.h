@@ -96,7 +96,8 @@ class Session {
 
   // Creates the arena (memfd), initialises both rings and creates the doorbells.
   // `ring_slots` must be a power of two; `arena_bytes` must leave room for the rings.
-  static absl::StatusOr<std::unique_ptr<Session>> Create(uint64_t id, shm::UniqueFd socket,
+  // `socket` is taken only on success (on failure the caller still owns it, to reply).
+  static absl::StatusOr<std::unique_ptr<Session>> Create(uint64_t id, shm::UniqueFd&& socket,
                                                          shm::PeerCredentials peer,
                                                          uint32_t ring_slots,
                                                          uint64_t arena_bytes);

@@ -313,10 +313,8 @@ void SessionServer::HandlePending(uint64_t token) {
   const uint64_t id = next_id_++;
   auto session = Session::Create(id, std::move(p->socket), *cred, slots, bytes);
   if (!session.ok()) {
-    // The socket moved into Create only on success paths that return a Session; on failure
-    // it was destroyed with the arguments, so the client sees a hang-up. Count it.
-    ++totals_.handshakes_rejected;
-    ++totals_.rejected_by_status[GL_E_NO_MEMORY];
+    RejectHandshake(*p, h.header.request_id, GL_E_NO_MEMORY,
+                    absl::StrCat("cannot create the session: ", session.status().message()));
     return;
   }
   auto live = std::make_unique<Live>();

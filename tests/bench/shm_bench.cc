@@ -75,7 +75,9 @@ struct SharedRing {
 };
 
 // The producer (a child process) stamps each descriptor with CLOCK_MONOTONIC just before the
-// push; the consumer (this process) subtracts it from the time it sees the entry.
+// push; the consumer (this process) subtracts it from the time it sees the entry. Closed
+// loop: the producer waits until the entry was consumed before the gap and the next one, so a
+// descheduled consumer spoils one sample, not the thousands an open loop would queue up.
 std::vector<int64_t> RingLatency(bool sleeping_consumer, int count, int64_t gap_ns) {
   SharedRing ring(1024);
   const pid_t pid = ::fork();
@@ -91,6 +93,8 @@ std::vector<int64_t> RingLatency(bool sleeping_consumer, int count, int64_t gap_
       while (p.TryPush(e) != RingResult::kOk) {
       }
       bell.NotifyIfArmed();
+      while (Shared(ring.header->head).load(std::memory_order_acquire) < p.tail()) {
+      }
     }
     ::_exit(0);
   }
@@ -130,6 +134,8 @@ double RingThroughput(uint64_t count) {
       if (p.TryPush(e) == RingResult::kOk) {
         bell.NotifyIfArmed();  // as gl_post does: a fence and a load per post
         ++i;
+      } else {
+        ::sched_yield();  // full: if the consumer shares our core, let it run
       }
     }
     ::_exit(0);
@@ -144,6 +150,7 @@ double RingThroughput(uint64_t count) {
     const uint32_t n = c.TryPopBatch(batch, 64, &r);
     for (uint32_t k = 0; k < n; ++k) bad += batch[k].user_data != got + k;
     got += n;
+    if (n == 0) ::sched_yield();  // empty: same reason
   }
   const int64_t t1 = Now();
   ::waitpid(pid, nullptr, 0);
@@ -154,7 +161,7 @@ double RingThroughput(uint64_t count) {
 // libgradlane against the in-process session server. `spinning_server`: the server thread
 // calls PollOnce in a loop; otherwise it sleeps in Wait() whenever idle (the default Run).
 struct ClientBench {
-  explicit ClientBench(bool spinning_server) {
+  explicit ClientBench(bool spinning_server, bool yield_when_idle = false) : yield(yield_when_idle) {
     char tmpl[] = "/tmp/gradlane-bench-XXXXXX";
     dir = ::mkdtemp(tmpl);
     gradlane::daemon::SessionServerOptions o;
@@ -164,7 +171,9 @@ struct ClientBench {
     thread = std::thread([this, spinning_server] {
       if (!spinning_server) return server->Run(stop, 100);
       while (!stop.load(std::memory_order_relaxed)) {
-        server->PollOnce(gradlane::daemon::SessionServer::MonotonicNow());
+        if (server->PollOnce(gradlane::daemon::SessionServer::MonotonicNow()) == 0 && yield) {
+          ::sched_yield();
+        }
       }
     });
     gl_connect_options co{};
@@ -186,6 +195,7 @@ struct ClientBench {
   std::string dir;
   std::unique_ptr<gradlane::daemon::SessionServer> server;
   std::atomic<bool> stop{false};
+  bool yield = false;  // throughput runs: an idle spinner yields its core
   std::thread thread;
   gl_client* c = nullptr;
   uint32_t id = 0;
@@ -208,7 +218,7 @@ std::vector<int64_t> ClientRoundTrip(bool spinning_server, int count, int64_t ga
 }
 
 double ClientThroughput(uint64_t count) {
-  ClientBench b(true);
+  ClientBench b(true, true);
   gl_completion out[256];
   uint64_t posted = 0, done = 0;
   const int64_t t0 = Now();
@@ -219,6 +229,7 @@ double ClientThroughput(uint64_t count) {
     uint32_t n = 0;
     gl_poll(b.c, out, 256, &n);
     done += n;
+    if (n == 0) ::sched_yield();
   }
   return static_cast<double>(count) / ((Now() - t0) / 1e9);
 }
