@@ -162,7 +162,8 @@ struct AggJob {
 };
 
 // A pending range in an ideal uplink or downlink queue, most urgent first: older iterations first
-// (their consumers come first), then by priority (`rank`), then stably by key and peer.
+// (their consumers come first), then by `rank` (see Engine::IdealRank), then stably by key and
+// peer.
 struct IdealItem {
   int64_t iteration;
   int64_t rank;
@@ -268,6 +269,16 @@ class Engine {
     return ports_.all || (!ports_.uplink && ports_.host == h);
   }
   void FreeMessage(int64_t id) { free_messages_.push_back(id); }
+  // The shard owning all of [offset, offset+length) of a tensor, or -1 if no single one does.
+  int OwnerOf(uint32_t tensor, uint64_t offset, uint64_t length) const {
+    const std::vector<OwnedRange>& ranges = owned_[tensor];
+    auto it = std::upper_bound(
+        ranges.begin(), ranges.end(), offset,
+        [](uint64_t off, const OwnedRange& r) { return off < r.offset; });
+    if (it == ranges.begin()) return -1;
+    --it;
+    return offset + length <= it->offset + it->length ? it->owner : -1;
+  }
 
   const ModelProfile& profile_;
   const SimConfig& config_;
@@ -573,7 +584,13 @@ void Engine::ShardAdd(int shard, int64_t iteration, uint32_t tensor, uint64_t be
   completed_scratch_.clear();
   it->second.Add(begin, end, w_, completed_scratch_);
   uint64_t& left = coverage_left_[(shard * total_ + iteration) * num_layers + tensor];
-  left -= std::min(left, end - begin);
+  if (end - begin > left) {
+    Fail(absl::InternalError(absl::StrCat("shard ", shard, " received more than W copies of ",
+                                          "tensor ", tensor, " in iteration ", iteration,
+                                          ": a policy sent a byte twice")));
+    return;
+  }
+  left -= end - begin;
   if (left == 0) per_shard.erase(it);
   // Taken out of the scratch so that nothing called below can overwrite it.
   std::vector<std::pair<uint64_t, uint64_t>> completed;
@@ -664,12 +681,19 @@ void Engine::Commit(int host_id, const Dispatch& d, TimeNs now) {
   uint64_t sum = 0;
   for (const Segment& s : d.segments) {
     const uint32_t t = KeyTensor(s.key);
-    if (s.peer >= w_ || s.peer == host_id || s.length == 0 || t >= num_layers ||
-        KeyTensor(s.key) != t || s.offset + s.length > profile_.layers[t].param_bytes ||
-        s.iteration < 0 || s.iteration >= total_) {
+    // The bytes must lie within one shard's range: the peer's for a push, ours for a pull.
+    bool valid = s.peer < w_ && s.peer != host_id && s.length > 0 && t < num_layers &&
+                 s.offset + s.length <= profile_.layers[t].param_bytes && s.iteration >= 0 &&
+                 s.iteration < total_;
+    if (valid) {
+      const int owner = s.direction == Direction::kPush ? s.peer : host_id;
+      valid = OwnerOf(t, s.offset, s.length) == owner;
+    }
+    if (!valid) {
       Fail(absl::InternalError(absl::StrCat(
-          "host ", host_id, ": the policy dispatched an invalid segment (tensor ", t, ", peer ", s.peer, ", offset ", s.offset, ", length ", s.length,
-          ", iteration ", s.iteration, ")")));
+          "host ", host_id, ": the policy dispatched an invalid segment (tensor ", t, ", ",
+          s.direction == Direction::kPush ? "push" : "pull", " to peer ", s.peer, ", offset ",
+          s.offset, ", length ", s.length, ", iteration ", s.iteration, ")")));
       return;
     }
     sum += s.length;

@@ -106,6 +106,22 @@ class Mute : public RefFifo {
   bool NextDispatch(TimeNs, Dispatch&) override { return false; }
 };
 
+// Breaks the contract in a configurable way: the engine must say so, not mis-simulate.
+class Broken : public RefFifo {
+ public:
+  enum Fault { kWrongPeer, kTwice };
+  explicit Broken(Fault fault) : fault_(fault) {}
+  void OnReady(const ReadyRange& r, TimeNs now) override {
+    ReadyRange copy = r;
+    if (fault_ == kWrongPeer && r.direction == Direction::kPush) copy.peer = (r.peer + 1) % 3;
+    RefFifo::OnReady(copy, now);
+    if (fault_ == kTwice) RefFifo::OnReady(copy, now);
+  }
+
+ private:
+  Fault fault_;
+};
+
 struct NamedFactory {
   std::string name;
   PolicyFactory factory;
@@ -458,6 +474,22 @@ TEST(SimulatorTest, AStalledPolicyIsAnErrorNotAHang) {
       [] { return absl::StatusOr<std::unique_ptr<Policy>>(std::make_unique<Mute>()); }, "mute");
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("stalled"));
+}
+
+TEST(SimulatorTest, ContractBreachesAreErrors) {
+  const ModelProfile p = Uniform(3, 1'000'000, 10, 10);
+  for (Broken::Fault fault : {Broken::kWrongPeer, Broken::kTwice}) {
+    absl::StatusOr<SimResult> r = Simulate(
+        p, SmallConfig(1e9),
+        [fault] {
+          return absl::StatusOr<std::unique_ptr<Policy>>(std::make_unique<Broken>(fault));
+        },
+        "broken");
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr(fault == Broken::kWrongPeer ? "invalid segment" : "byte twice"));
+  }
 }
 
 TEST(SimulatorTest, InvalidConfigsAreRejected) {
