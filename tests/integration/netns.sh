@@ -14,6 +14,7 @@
 #
 # API (after `source`):
 #   gl_env_init [--need-netns] W [RATE]  create W hosts; RATE like 3gbit shapes every link
+#   gl_shape RATE                 (re)shape every link ("": unshaped)
 #   gl_daemon_start I [FLAGS...]  start gradlaned on host I; waits for its ready line; sets
 #                                 GL_SOCK[I], GL_ADDR[I] (host:port), GL_DPID[I]
 #   gl_daemon_stop I [SIGNAL]     signal (default TERM) and reap, bounded
@@ -134,19 +135,7 @@ gl_env_init() {
       ip -n "${GL_NS[i]}" link set eth0 mtu "$GL_MTU" up
       ip -n "${GL_NS[i]}" addr add "${GL_IP[i]}/24" dev eth0
     done
-    if [[ -n $GL_RATE ]]; then
-      local bps burst
-      bps=$(gl_rate_bps "$GL_RATE")
-      [[ -n $bps && $bps -gt 0 ]] || { gl_log "bad rate '$GL_RATE'"; return 2; }
-      # Bucket: 1 ms of the rate, at least 4 frames. latency bounds the queue (tbf drops beyond).
-      burst=$((bps / 8 / 1000))
-      ((burst < 4 * GL_MTU)) && burst=$((4 * GL_MTU))
-      for ((i = 0; i < GL_W; i++)); do
-        tc -n "${GL_NS[i]}" qdisc add dev eth0 root tbf rate "$bps" burst "$burst" latency 50ms
-        tc -n "$GL_SWITCH" qdisc add dev "p$i" root tbf rate "$bps" burst "$burst" latency 50ms
-      done
-    fi
-    # Bounded check that the fabric works before anyone relies on it.
+    if [[ -n $GL_RATE ]]; then gl_shape "$GL_RATE" || return 2; fi
     # (no ping here: a TCP connect to a closed port answers "refused" once the path works).
     local out
     for ((i = 1; i < GL_W; i++)); do
@@ -166,6 +155,31 @@ gl_env_init() {
     for ((i = 0; i < GL_W; i++)); do GL_NS[i]=""; GL_IP[i]=127.0.0.1; done
     gl_log "network namespaces unavailable${GL_FORCE_LOOPBACK:+ (GL_FORCE_LOOPBACK set)}: falling back to loopback (127.0.0.1, one port per daemon)${GL_RATE:+; rate $GL_RATE NOT applied}"
   fi
+}
+
+# gl_shape RATE : (re)shapes every host's link to RATE each way with tbf; "" removes shaping.
+# Namespaces only (a no-op with a message on loopback).
+gl_shape() {
+  local rate=$1 bps burst i
+  if [[ $GL_MODE != netns ]]; then
+    gl_log "loopback: cannot shape to '$rate'"
+    return 0
+  fi
+  for ((i = 0; i < GL_W; i++)); do
+    tc -n "${GL_NS[i]}" qdisc del dev eth0 root 2>/dev/null || true
+    tc -n "$GL_SWITCH" qdisc del dev "p$i" root 2>/dev/null || true
+  done
+  GL_RATE=$rate
+  [[ -z $rate ]] && return 0
+  bps=$(gl_rate_bps "$rate")
+  [[ -n $bps && $bps -gt 0 ]] || { gl_log "bad rate '$rate'"; return 2; }
+  # Bucket: 1 ms of the rate, at least 4 frames; latency bounds the queue (tbf drops beyond).
+  burst=$((bps / 8 / 1000))
+  ((burst < 4 * GL_MTU)) && burst=$((4 * GL_MTU))
+  for ((i = 0; i < GL_W; i++)); do
+    tc -n "${GL_NS[i]}" qdisc add dev eth0 root tbf rate "$bps" burst "$burst" latency 50ms
+    tc -n "$GL_SWITCH" qdisc add dev "p$i" root tbf rate "$bps" burst "$burst" latency 50ms
+  done
 }
 
 # gl_exec I CMD... : runs CMD in host I.
