@@ -37,8 +37,11 @@
 //    work-conserving on every such prefix set at once, so it completes each prefix no later
 //    than any other order does (the exchange argument of ByteScheduler Thm 1 / Jackson's rule),
 //    and earlier completions only move later releases earlier: it is the optimum of relaxation p;
-//  * hence max_p T(p) ≤ every policy. The pieces make it an approximation of the fluid limit
-//    off by at most one piece time at p per preemption (≤ 20 µs at ≥ 6.5 Gbit/s).
+//  * hence max_p T(p) ≤ every policy — exactly for the time from a cold start to the end of
+//    any iteration (SimResult::total_ns); a windowed mean only once the window is long enough
+//    for the steady state. The pieces make it an approximation of the fluid limit, off by at
+//    most one piece time at p per preemption (≤ 20 µs at ≥ 6.5 Gbit/s): well below the θ every
+//    policy pays per message.
 // SimulateFluid, for reference only, constrains every port at once with the same fluid priority
 // schedule: closer to what a perfect scheduler could achieve, but greedy priority is not optimal
 // on a network of ports, so it is NOT a bound (a policy can beat it when the shards are
