@@ -507,19 +507,19 @@ TEST(Validation, FullRingBackpressureWhenClientStopsDraining) {
   // Without draining completions: the daemon takes at most as many submissions as it has
   // completion slots (16), the submission ring holds 16 more, then gl_post says GL_E_AGAIN.
   uint64_t accepted = 0;
-  int quiet_rounds = 0;
-  while (quiet_rounds < 20) {
-    const int s = gl_post(c.get(), id, 0, 0, 64, accepted);
-    if (s == GL_OK) {
-      ++accepted;
-      quiet_rounds = 0;
-      continue;
-    }
+  auto post_until_full = [&] {
+    int s;
+    while ((s = gl_post(c.get(), id, 0, 0, 64, accepted)) == GL_OK) ++accepted;
     ASSERT_EQ(s, GL_E_AGAIN);
-    ++quiet_rounds;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  };
+  post_until_full();
+  EXPECT_GE(accepted, kSlots);
+  ASSERT_TRUE(env.WaitFor([&](const SessionServerStats& s) { return s.posts_ok == kSlots; }));
+  post_until_full();
   EXPECT_EQ(accepted, 2 * kSlots);
+  // And it stays that way: the daemon does not take more while no completion is consumed.
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(gl_post(c.get(), id, 0, 0, 64, accepted), GL_E_AGAIN);
   EXPECT_EQ(env.Stats().posts_ok, kSlots);
   // Drain: everything comes back in order, and posting works again.
   uint64_t next = 0;

@@ -177,8 +177,9 @@ TEST(RingStress, SleepWakeRandomDelaysNoLostWakeup) {
       continue;
     }
     ++sleeps;
-    if (!bell.Wait(2000)) {
-      // Timed out. If an entry is there, its producer skipped the eventfd: a lost wake-up.
+    if (!bell.Wait(5000)) {
+      // Timed out. If an entry is there, its producer skipped the eventfd: a lost wake-up
+      // (5 s: far beyond any scheduling delay of the producer between publish and ring).
       if (c.HasEntry()) ++lost;
       ASSERT_TRUE(c.HasEntry()) << "producer stalled (child died?) at " << next;
     }
@@ -193,7 +194,7 @@ TEST(RingStress, SleepWakeRandomDelaysNoLostWakeup) {
 }
 
 // Ping-pong where both sides always sleep: every message needs a wake-up, so one lost
-// wake-up stalls the exchange and the 2 s timeout fails the test.
+// wake-up stalls the exchange and the 5 s timeout fails the test.
 TEST(RingStress, PingPongBothSidesSleeping) {
   const uint64_t kRounds = EnvOr("GRADLANE_STRESS_PINGPONG", 20'000);
   SharedRing req(8), resp(8);
@@ -209,10 +210,10 @@ TEST(RingStress, PingPongBothSidesSleeping) {
         bell.Disarm();
         continue;
       }
-      const bool woke = bell.Wait(2000);
+      const bool woke = bell.Wait(5000);
       bell.Drain();
       bell.Disarm();
-      if (!woke && !c.HasEntry()) return false;  // nobody rang within 2 s
+      if (!woke && !c.HasEntry()) return false;  // nobody rang within 5 s
     }
   };
   if (pid == 0) {
