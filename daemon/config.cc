@@ -1,0 +1,134 @@
+#include "daemon/config.h"
+
+#include <unistd.h>
+
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "sched/policy.h"
+#include "shm/abi.h"
+
+ABSL_FLAG(std::string, socket, GL_DEFAULT_SOCKET_PATH, "client Unix socket path");
+ABSL_FLAG(std::string, listen, "0.0.0.0:7610",
+          "peer address HOST:PORT to accept other daemons on (port 0: pick a free one)");
+ABSL_FLAG(absl::Duration, peer_timeout, absl::Seconds(10),
+          "a peer that makes no progress for this long while work is pending is down");
+ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(60),
+          "how long a job keeps dialing peers that are not up (or do not know the job) yet");
+ABSL_FLAG(std::string, default_policy, "bytescheduler",
+          "scheduling policy for jobs that name none: fifo, p3, bytescheduler, prophet");
+ABSL_FLAG(std::string, reduce, "sum", "reduction of the W contributions: sum or mean");
+ABSL_FLAG(std::string, allowed_uids, "",
+          "comma-separated uids allowed to connect (empty with --allowed_gids empty: the "
+          "daemon's own uid, plus root)");
+ABSL_FLAG(std::string, allowed_gids, "", "comma-separated primary gids allowed to connect");
+ABSL_FLAG(uint64_t, arena_bytes, 0, "default shared-memory arena per client session (0: 64 MiB)");
+ABSL_FLAG(uint64_t, max_arena_bytes, uint64_t{1} << 30, "largest arena a client may ask for");
+ABSL_FLAG(uint64_t, partition_bytes, 0, "partition size δ in bytes (0: each policy's default)");
+ABSL_FLAG(uint64_t, credit_bytes, 0, "credit window in bytes (0: each policy's default)");
+ABSL_FLAG(bool, autotune, false,
+          "bytescheduler: tune the credit window online with Bayesian optimisation");
+
+namespace gradlane::daemon {
+namespace {
+
+template <typename Id>
+absl::StatusOr<std::vector<Id>> ParseIds(absl::string_view flag, const std::string& list) {
+  std::vector<Id> out;
+  for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    uint32_t v = 0;
+    if (!absl::SimpleAtoi(part, &v)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", part, "' is not a number"));
+    }
+    out.push_back(static_cast<Id>(v));
+  }
+  return out;
+}
+
+absl::StatusOr<sched::TimeNs> PositiveNs(absl::string_view flag, absl::Duration d) {
+  if (d <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be positive"));
+  }
+  return absl::ToInt64Nanoseconds(d);
+}
+
+}  // namespace
+
+absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view s) {
+  absl::string_view host, port;
+  if (!s.empty() && s.front() == '[') {
+    const size_t close = s.find(']');
+    if (close == absl::string_view::npos || close + 1 >= s.size() || s[close + 1] != ':') {
+      return absl::InvalidArgumentError(absl::StrCat("'", s, "' is not [ADDRESS]:PORT"));
+    }
+    host = s.substr(1, close - 1);
+    port = s.substr(close + 2);
+  } else {
+    const size_t colon = s.rfind(':');
+    if (colon == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("'", s, "' is not HOST:PORT"));
+    }
+    host = s.substr(0, colon);
+    port = s.substr(colon + 1);
+  }
+  uint32_t p = 0;
+  if (host.empty() || !absl::SimpleAtoi(port, &p) || p > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("'", s, "' is not HOST:PORT (port 0..65535)"));
+  }
+  return std::make_pair(std::string(host), static_cast<uint16_t>(p));
+}
+
+absl::StatusOr<EngineOptions> OptionsFromFlags() {
+  EngineOptions o;
+  o.sessions.socket_path = absl::GetFlag(FLAGS_socket);
+  if (o.sessions.socket_path.empty()) return absl::InvalidArgumentError("--socket is empty");
+  auto hp = ParseHostPort(absl::GetFlag(FLAGS_listen));
+  if (!hp.ok()) return absl::InvalidArgumentError(absl::StrCat("--listen: ", hp.status().message()));
+  o.transport.listen_address = hp->first;
+  o.transport.listen_port = hp->second;
+  auto pt = PositiveNs("peer_timeout", absl::GetFlag(FLAGS_peer_timeout));
+  if (!pt.ok()) return pt.status();
+  o.transport.peer_timeout = *pt;
+  auto ct = PositiveNs("connect_timeout", absl::GetFlag(FLAGS_connect_timeout));
+  if (!ct.ok()) return ct.status();
+  o.transport.connect_deadline = *ct;
+  o.default_policy = absl::GetFlag(FLAGS_default_policy);
+  const std::string reduce = absl::GetFlag(FLAGS_reduce);
+  if (reduce == "sum") {
+    o.reduce = ps::ReduceOp::kSum;
+  } else if (reduce == "mean") {
+    o.reduce = ps::ReduceOp::kMean;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--reduce: '", reduce, "' (expected sum or mean)"));
+  }
+  auto uids = ParseIds<uid_t>("allowed_uids", absl::GetFlag(FLAGS_allowed_uids));
+  if (!uids.ok()) return uids.status();
+  auto gids = ParseIds<gid_t>("allowed_gids", absl::GetFlag(FLAGS_allowed_gids));
+  if (!gids.ok()) return gids.status();
+  o.sessions.policy.uids = *uids;
+  o.sessions.policy.gids = *gids;
+  o.sessions.policy.allow_same_uid = uids->empty() && gids->empty();
+  o.sessions.policy.uids.push_back(0);  // root may always connect
+  o.sessions.max_arena_bytes = absl::GetFlag(FLAGS_max_arena_bytes);
+  if (const uint64_t a = absl::GetFlag(FLAGS_arena_bytes); a != 0) o.sessions.default_arena_bytes = a;
+  if (o.sessions.default_arena_bytes > o.sessions.max_arena_bytes) {
+    return absl::InvalidArgumentError("--arena_bytes is above --max_arena_bytes");
+  }
+  o.partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
+  o.credit_bytes = absl::GetFlag(FLAGS_credit_bytes);
+  o.autotune = absl::GetFlag(FLAGS_autotune);
+  sched::PolicyConfig pc;
+  pc.name = o.default_policy;
+  pc.partition_bytes = o.partition_bytes;
+  pc.credit_bytes = o.credit_bytes;
+  if (auto p = sched::MakePolicy(pc); !p.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--default_policy: ", p.status().message()));
+  }
+  return o;
+}
+
+}  // namespace gradlane::daemon

@@ -1,0 +1,978 @@
+#include "daemon/engine.h"
+
+#include <sys/mman.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "sched/bo_tuner.h"
+#include "transport/fake/fake_transport.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace gradlane::daemon {
+
+using sched::TimeNs;
+using transport::PeerHandle;
+using transport::RecvTarget;
+
+void LogLine(const std::string& line) {
+  timespec ts;
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  struct tm tm;
+  ::gmtime_r(&ts.tv_sec, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%H:%M:%S", &tm);
+  std::fprintf(stderr, "%s.%03ld gradlaned: %s\n", stamp, ts.tv_nsec / 1000000, line.c_str());
+}
+
+namespace {
+
+// Cookies: which job (slot + 12 bits of generation) a send or receive belongs to, and for
+// sends the direction and the dispatch record. 12 bits of slot bound the jobs per daemon.
+constexpr uint32_t kMaxJobs = 4096;
+constexpr uint64_t kCookieManifest = 1ull << 38;
+constexpr uint64_t kCookiePull = 1ull << 39;
+constexpr uint32_t kNoDispatch = 0xFFFFFFFFu;
+
+uint64_t MakeCookie(uint32_t slot, uint32_t generation, uint64_t flags, uint32_t dispatch) {
+  return (uint64_t{slot} << 52) | (uint64_t{generation & 0xFFFu} << 40) | flags | dispatch;
+}
+uint32_t CookieSlot(uint64_t c) { return static_cast<uint32_t>(c >> 52); }
+uint32_t CookieGeneration(uint64_t c) { return static_cast<uint32_t>((c >> 40) & 0xFFFu); }
+uint32_t CookieDispatch(uint64_t c) { return static_cast<uint32_t>(c & 0xFFFFFFFFu); }
+
+// How a transport failure reads to the client.
+gl_status StatusFor(const absl::Status& why) {
+  switch (why.code()) {
+    case absl::StatusCode::kPermissionDenied: return GL_E_PERMISSION;
+    case absl::StatusCode::kDeadlineExceeded: return GL_E_TIMEOUT;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition: return GL_E_PROTOCOL;
+    default: return GL_E_DISCONNECTED;
+  }
+}
+
+const char* StatusName(gl_status s) {
+  static constexpr const char* kNames[GL_STATUS_COUNT] = {
+      "ok", "invalid_argument", "bad_magic", "bad_version", "permission", "no_memory", "again",
+      "timeout", "disconnected", "protocol", "bad_tensor", "bad_range", "bad_iteration",
+      "bad_opcode", "bad_descriptor", "no_job", "already_exists", "ring_corrupt", "io",
+      "internal"};
+  return s >= 0 && s < GL_STATUS_COUNT ? kNames[s] : "unknown";
+}
+
+constexpr TimeNs kHousekeepingInterval = sched::kMillisecond;
+constexpr TimeNs kEstimateInterval = 10 * sched::kMillisecond;
+
+}  // namespace
+
+// Online tuning of the bytescheduler credit window (ByteScheduler §4.3): one trial spans
+// `autotune_iterations_per_trial` iterations; its speed is bytes posted per second of wall time.
+template <class T>
+struct Engine<T>::Tuner {
+  sched::BoTuner tuner;
+  sched::TunerParams trial;
+  int iterations = 0;
+  TimeNs started = 0;
+  uint64_t bytes = 0;
+  int64_t last_iteration = -1;
+  bool pending_apply = false;
+};
+
+template <class T>
+Engine<T>::Engine(const EngineOptions& options) : options_(options) {}
+
+template <class T>
+absl::StatusOr<std::unique_ptr<Engine<T>>> Engine<T>::Create(const EngineOptions& options,
+                                                             const TransportFactory& make) {
+  if (options.default_policy.empty()) return absl::InvalidArgumentError("empty default policy");
+  {
+    sched::PolicyConfig pc;
+    pc.name = options.default_policy;
+    pc.partition_bytes = options.partition_bytes;
+    pc.credit_bytes = options.credit_bytes;
+    auto p = sched::MakePolicy(pc);
+    if (!p.ok()) return p.status();
+  }
+  auto engine = std::unique_ptr<Engine<T>>(new Engine<T>(options));
+  auto server = SessionServer::Create(options.sessions, engine.get());
+  if (!server.ok()) {
+    return absl::Status(server.status().code(),
+                        absl::StrCat("client socket ", options.sessions.socket_path, ": ",
+                                     server.status().message()));
+  }
+  engine->server_ = std::move(*server);
+  transport::TransportOptions topt = options.transport;
+  topt.max_regions = std::max<uint32_t>(topt.max_regions, 4 * kMaxJobs);
+  auto t = make(topt, engine.get());
+  if (!t.ok()) return t.status();
+  engine->transport_ = std::move(*t);
+  auto port = engine->transport_->Listen_st();
+  if (!port.ok()) {
+    return absl::Status(port.status().code(),
+                        absl::StrCat("peer port ", options.transport.listen_address, ":",
+                                     options.transport.listen_port, ": ", port.status().message()));
+  }
+  engine->listen_port_ = *port;
+  return engine;
+}
+
+template <class T>
+Engine<T>::~Engine() {
+  Shutdown_st();
+}
+
+template <class T>
+EngineStats Engine<T>::Stats() const {
+  EngineStats s;
+  s.jobs_active = counters_.jobs_active.Get();
+  s.jobs_failed = counters_.jobs_failed.Get();
+  s.jobs_released = counters_.jobs_released.Get();
+  s.posts_completed = counters_.posts_completed.Get();
+  s.posts_failed = counters_.posts_failed.Get();
+  s.segments_sent = counters_.segments_sent.Get();
+  s.segments_received = counters_.segments_received.Get();
+  s.segments_rejected = counters_.segments_rejected.Get();
+  s.rounds_reduced = counters_.rounds_reduced.Get();
+  s.manifest_mismatches = counters_.manifest_mismatches.Get();
+  s.arena_aliases = counters_.arena_aliases.Get();
+  s.tuner_trials = counters_.tuner_trials.Get();
+  return s;
+}
+
+// ------------------------------------------------------------------------------ the loop ----
+
+template <class T>
+int Engine<T>::PollOnce_st(TimeNs now) {
+  if (shut_down_) return 0;
+  int work = server_->PollOnce(now);
+  work += transport_->Progress_st(now, 0);
+  if (now - last_housekeeping_ >= kHousekeepingInterval) {
+    last_housekeeping_ = now;
+    Housekeeping_st(now);
+  }
+  for (auto& j : jobs_) {
+    if (j != nullptr && !j->failed && j->policy != nullptr) work += RunPolicy_st(*j, now);
+  }
+  return work;
+}
+
+template <class T>
+void Engine<T>::Run(const std::atomic<bool>& stop) {
+  int idle = 0;
+  while (!stop.load(std::memory_order_acquire)) {
+    const TimeNs now = SessionServer::MonotonicNow();
+    if (PollOnce_st(now) > 0) {
+      idle = 0;
+      continue;
+    }
+    if (++idle < options_.idle_spins) continue;
+    // Sleep on the transport's sockets; client posts are picked up on the next round, so an
+    // idle daemon answers a new post within idle_wait_ms.
+    transport_->Progress_st(SessionServer::MonotonicNow(), options_.idle_wait_ms);
+  }
+  Shutdown_st();
+}
+
+template <class T>
+void Engine<T>::Shutdown_st() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (transport_ == nullptr) {
+    server_.reset();
+    return;
+  }
+  for (auto& j : jobs_) {
+    if (j != nullptr) FailJob_st(*j, GL_E_DISCONNECTED, "daemon shutting down");
+  }
+  // Let goodbyes leave.
+  const TimeNs now = SessionServer::MonotonicNow();
+  for (int i = 0; i < 3; ++i) transport_->Progress_st(now, 0);
+  for (auto& j : jobs_) {
+    if (j != nullptr) ReleaseJob_st(*j);
+  }
+  server_.reset();  // closes every session, unmaps every arena, unlinks the socket
+}
+
+template <class T>
+void Engine<T>::Housekeeping_st(TimeNs now) {
+  for (auto& jp : jobs_) {
+    if (jp == nullptr) continue;
+    Job& job = *jp;
+    if (server_->FindSession(job.session_id) == nullptr) {
+      FailJob_st(job, GL_E_DISCONNECTED, absl::StrCat("job ", job.info.job_id,
+                                                      ": client session closed"));
+      ReleaseJob_st(job);
+      continue;
+    }
+    if (job.failed) continue;
+    for (uint16_t r = 0; r < job.world; ++r) {
+      JobPeer& p = job.peers[r];
+      if (r == job.rank || p.retry_at == 0 || now < p.retry_at) continue;
+      p.retry_at = 0;
+      ConnectPeer_st(job, r, now);
+      if (job.failed) break;
+    }
+    if (job.failed) continue;
+    if (job.peers_up + 1 < job.world &&
+        now - job.connect_started > options_.transport.connect_deadline) {
+      FailJob_st(job, GL_E_TIMEOUT,
+                 absl::StrCat("job ", job.info.job_id, ": peers not all up within the connect "
+                              "deadline (", job.peers_up, " of ", job.world - 1, ")"));
+      continue;
+    }
+    if (job.policy != nullptr && now - job.last_estimate_push >= kEstimateInterval) {
+      job.last_estimate_push = now;
+      if (auto bw = job.estimator.BytesPerSecond()) {
+        job.policy->OnLinkEstimate(*bw, job.estimator.SmoothedRtt().value_or(0));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------- job lifecycle ----
+
+template <class T>
+Job* Engine<T>::ActivateJob_st(Session& session, TimeNs now) {
+  uint32_t slot = 0;
+  while (slot < jobs_.size() && jobs_[slot] != nullptr) ++slot;
+  if (slot >= kMaxJobs) return nullptr;
+  if (slot == jobs_.size()) {
+    jobs_.emplace_back();
+    generations_.push_back(0);
+  }
+  jobs_[slot] = std::make_unique<Job>();
+  Job& job = *jobs_[slot];
+  job.slot = slot;
+  job.generation = generations_[slot];
+  job.session_id = session.id();
+  job_by_session_[session.id()] = slot;
+  counters_.jobs_active.Add_st(1);
+  JobError err = SetUpJob_st(session, job, now);
+  if (err.status != GL_OK) FailJob_st(job, err.status, err.message);
+  return &job;
+}
+
+template <class T>
+JobError Engine<T>::SetUpJob_st(Session& session, Job& job, TimeNs now) {
+  JobError err = BuildJobPlan(session, options_.default_policy, options_.partition_bytes,
+                              options_.reduce, &job);
+  if (err.status != GL_OK) return err;
+  const std::string& id = job.info.job_id;
+  if (job_by_wire_.contains(job.wire_id)) {
+    return {GL_E_ALREADY_EXISTS,
+            absl::StrCat("job ", id, " already has a rank on this daemon (one rank per daemon "
+                         "per job)")};
+  }
+  job.policy_config.name = job.policy_name;
+  job.policy_config.partition_bytes = options_.partition_bytes;
+  job.policy_config.credit_bytes = options_.credit_bytes;
+  auto policy = sched::MakePolicy(job.policy_config);
+  if (!policy.ok()) {
+    return {GL_E_INVALID_ARGUMENT, absl::StrCat("job ", id, ": ", policy.status().message())};
+  }
+  job.policy = std::move(*policy);
+  for (JobTensor& t : job.tensors) {
+    job.auto_priority.Register(t.spec.id);
+    job.policy->RegisterTensor(t.spec);
+  }
+  // Our own mapping of the client's arena: it keeps the pages alive if the client dies while
+  // the transport still reads or writes them; released in ReleaseJob_st.
+  void* alias = ::mremap(session.arena_base(), 0, session.arena_bytes(), MREMAP_MAYMOVE);
+  if (alias == MAP_FAILED) {
+    return {GL_E_IO, absl::StrCat("job ", id, ": mapping the arena: ", std::strerror(errno))};
+  }
+  job.arena = static_cast<uint8_t*>(alias);
+  job.arena_bytes = session.arena_bytes();
+  counters_.arena_aliases.Add_st(1);
+  auto region = transport_->RegisterRegion_st(job.arena, job.arena_bytes);
+  if (!region.ok()) return {GL_E_NO_MEMORY, std::string(region.status().message())};
+  job.arena_region = *region;
+  if (job.slab_bytes > 0) {
+    job.slab.reset(new (std::nothrow) std::byte[job.slab_bytes]);
+    if (job.slab == nullptr) {
+      return {GL_E_NO_MEMORY, absl::StrCat("job ", id, ": shard buffers of ", job.slab_bytes,
+                                           " bytes")};
+    }
+    auto sr = transport_->RegisterRegion_st(job.slab.get(), job.slab_bytes);
+    if (!sr.ok()) return {GL_E_NO_MEMORY, std::string(sr.status().message())};
+    job.slab_region = *sr;
+  }
+  job.owned_got.assign(job.owned.size() * job.world, 0);
+  job.manifest_in.assign(job.world, ManifestBody{});
+  auto mo = transport_->RegisterRegion_st(&job.manifest_out, sizeof(job.manifest_out));
+  if (!mo.ok()) return {GL_E_NO_MEMORY, std::string(mo.status().message())};
+  job.manifest_region = *mo;
+  auto mi = transport_->RegisterRegion_st(job.manifest_in.data(),
+                                          job.manifest_in.size() * sizeof(ManifestBody));
+  if (!mi.ok()) return {GL_E_NO_MEMORY, std::string(mi.status().message())};
+  job.manifest_in_region = *mi;
+  job.posts.reserve(64);
+  job.dispatches.reserve(256);
+  job.peers.assign(job.world, JobPeer{});
+  job.connect_started = now;
+  if (job.world > 1) {
+    transport::JobCredentials creds{job.wire_id, job.rank, job.world, job.info.auth_token};
+    if (absl::Status s = transport_->AddJob_st(creds); !s.ok()) {
+      return {GL_E_INVALID_ARGUMENT, absl::StrCat("job ", id, ": ", s.message())};
+    }
+    job.added_to_transport = true;
+  }
+  job_by_wire_[job.wire_id] = job.slot;
+  for (uint16_t r = 0; r < job.world; ++r) {
+    if (r == job.rank) continue;
+    job.peers[r].address = job.info.peers[r];
+    job.peers[r].send_times.assign(
+        std::max<uint32_t>(16, options_.transport.max_pending_sends_per_peer * 2), 0);
+    ConnectPeer_st(job, r, now);
+    if (job.failed) return {job.fail_status, job.fail_reason};
+  }
+  if (options_.autotune && job.policy_name == "bytescheduler") {
+    const uint64_t part = EnginePartitionBytes(job.policy_name, options_.partition_bytes,
+                                               sched::DType::kF32);
+    sched::TunerBounds b{part, part, std::max<uint64_t>(part / 2, 4), 32 * part};
+    auto tuner = sched::BoTuner::Create(b, job.wire_id);
+    if (tuner.ok()) {
+      auto t = std::make_unique<Tuner>(Tuner{std::move(*tuner), {}, 0, now, 0, -1, false});
+      tuners_[job.slot] = std::move(t);
+    }
+  }
+  LogLine(absl::StrCat("job ", id, " rank ", job.rank, "/", job.world, " active: ",
+                       job.tensors.size(), " tensors, ", job.total_bytes, " bytes, ",
+                       job.parts.size(), " partitions (", job.owned.size(), " owned here), policy ",
+                       job.policy_name));
+  return {};
+}
+
+template <class T>
+void Engine<T>::ConnectPeer_st(Job& job, uint16_t rank, TimeNs now) {
+  JobPeer& p = job.peers[rank];
+  transport::JobCredentials creds{job.wire_id, job.rank, job.world, job.info.auth_token};
+  auto h = transport_->Connect_st(creds, p.address, now);
+  ++p.connect_attempts;
+  if (!h.ok()) {
+    FailJob_st(job, GL_E_INVALID_ARGUMENT,
+               absl::StrCat("job ", job.info.job_id, ": peer rank ", rank, " (", p.address,
+                            "): ", h.status().message()));
+    return;
+  }
+  p.out = *h;
+  p.state = PeerState::kConnecting;
+  out_handles_[*h] = OutHandle{job.slot, job.generation, rank};
+}
+
+template <class T>
+void Engine<T>::FailJob_st(Job& job, gl_status status, const std::string& reason) {
+  if (job.failed) return;
+  job.failed = true;
+  job.fail_status = status;
+  job.fail_reason = reason;
+  counters_.jobs_failed.Add_st(1);
+  LogLine(absl::StrCat("job failed (", StatusName(status), "): ", reason));
+  if (auto it = job_by_wire_.find(job.wire_id); it != job_by_wire_.end() && it->second == job.slot) {
+    job_by_wire_.erase(it);
+  }
+  for (uint32_t i = 0; i < job.posts.size(); ++i) {
+    if (job.posts[i].live) FinishPost_st(job, i, status);
+  }
+  // Disconnect fails the pending sends (callbacks re-enter and find the job failed).
+  const TimeNs now = SessionServer::MonotonicNow();
+  for (JobPeer& p : job.peers) {
+    if (p.out == transport::kNoPeer) continue;
+    const PeerHandle h = p.out;
+    p.out = transport::kNoPeer;
+    p.state = PeerState::kDown;
+    transport_->Disconnect_st(h, now);
+    out_handles_.erase(h);
+  }
+  job.policy.reset();
+}
+
+template <class T>
+void Engine<T>::ReleaseJob_st(Job& job) {
+  FailJob_st(job, GL_E_DISCONNECTED, "released");
+  // Every send from these regions was failed by Disconnect_st, so they can go.
+  for (transport::RegionId* r : {&job.arena_region, &job.slab_region, &job.manifest_region,
+                                 &job.manifest_in_region}) {
+    if (*r != transport::kNoRegion) (void)transport_->UnregisterRegion_st(*r);
+    *r = transport::kNoRegion;
+  }
+  if constexpr (requires(T& t) { t.RemoveJob_st(uint64_t{0}); }) {
+    if (job.added_to_transport && !job_by_wire_.contains(job.wire_id)) {
+      (void)transport_->RemoveJob_st(job.wire_id);
+    }
+  }
+  if (job.arena != nullptr) {
+    ::munmap(job.arena, job.arena_bytes);
+    job.arena = nullptr;
+    counters_.arena_aliases.Add_st(static_cast<uint64_t>(-1));
+  }
+  job_by_session_.erase(job.session_id);
+  tuners_.erase(job.slot);
+  const uint32_t slot = job.slot;
+  ++generations_[slot];
+  counters_.jobs_active.Add_st(static_cast<uint64_t>(-1));
+  counters_.jobs_released.Add_st(1);
+  jobs_[slot].reset();
+}
+
+template <class T>
+Job* Engine<T>::JobFromCookie(uint64_t cookie) {
+  const uint32_t slot = CookieSlot(cookie);
+  if (slot >= jobs_.size() || jobs_[slot] == nullptr) return nullptr;
+  Job* j = jobs_[slot].get();
+  return (j->generation & 0xFFFu) == CookieGeneration(cookie) ? j : nullptr;
+}
+
+template <class T>
+Job* Engine<T>::JobByWire(uint64_t wire_id) {
+  auto it = job_by_wire_.find(wire_id);
+  return it == job_by_wire_.end() ? nullptr : jobs_[it->second].get();
+}
+
+template <class T>
+Part* Engine<T>::PartAt(Job& job, uint32_t tensor_id, uint64_t offset) {
+  if (tensor_id >= job.tensors.size()) return nullptr;
+  const JobTensor& t = job.tensors[tensor_id];
+  if (offset >= t.spec.bytes) return nullptr;
+  return &job.parts[t.first_part + t.plan.PartitionOf(offset)];
+}
+
+template <class T>
+void Engine<T>::Complete_st(const PostDescriptor& post, gl_status status) {
+  if (status == GL_OK) {
+    counters_.posts_completed.Add_st(1);
+  } else {
+    counters_.posts_failed.Add_st(1);
+  }
+  Session* s = server_ != nullptr ? server_->FindSession(post.session_id) : nullptr;
+  if (s == nullptr) return;  // the client is gone; nobody to tell
+  (void)s->Complete(post, status);
+  s->FlushCompletions();
+}
+
+// ------------------------------------------------------------------------- worker role ----
+
+template <class T>
+void Engine<T>::OnPost(Session& session, const PostDescriptor& post) {
+  const TimeNs now = SessionServer::MonotonicNow();
+  Job* job = nullptr;
+  if (auto it = job_by_session_.find(session.id()); it != job_by_session_.end()) {
+    job = jobs_[it->second].get();
+  } else {
+    job = ActivateJob_st(session, now);
+  }
+  if (job == nullptr) {
+    Complete_st(post, GL_E_NO_MEMORY);  // job table full
+    return;
+  }
+  if (job->failed) {
+    Complete_st(post, job->fail_status);
+    return;
+  }
+  if (post.tensor_id >= job->tensors.size()) {
+    // Registered after the job's first post: the shard map is frozen without it.
+    Complete_st(post, GL_E_BAD_TENSOR);
+    return;
+  }
+  JobTensor& t = job->tensors[post.tensor_id];
+  const uint32_t first = t.first_part + t.plan.PartitionOf(post.offset);
+  const uint32_t last = t.first_part + t.plan.PartitionOf(post.offset + post.length - 1);
+  // Validate before touching any state: the range must not repeat bytes already posted for
+  // this iteration, nor start an iteration while the previous one's result is still out.
+  for (uint32_t i = first; i <= last; ++i) {
+    const Part& p = job->parts[i];
+    const uint64_t lo = std::max(post.offset, p.offset);
+    const uint64_t hi = std::min(post.offset + post.length, p.offset + p.length);
+    if (p.iteration == post.iteration) {
+      if (p.posted + (hi - lo) > p.length) {
+        Complete_st(post, GL_E_BAD_RANGE);
+        return;
+      }
+    } else if (p.iteration > post.iteration ||
+               (p.iteration >= 0 && p.posted > 0 && p.result_got < p.length)) {
+      Complete_st(post, GL_E_BAD_ITERATION);
+      return;
+    }
+  }
+  // Auto priorities learn from the order gradients become ready.
+  job->auto_priority.Observe(post.tensor_id, post.iteration);
+  const sched::Priority prio =
+      t.auto_priority ? job->auto_priority.PriorityOf(post.tensor_id) : t.spec.priority;
+
+  uint32_t index;
+  if (!job->free_posts.empty()) {
+    index = job->free_posts.back();
+    job->free_posts.pop_back();
+  } else {
+    index = static_cast<uint32_t>(job->posts.size());
+    job->posts.emplace_back();
+  }
+  PostRecord& rec = job->posts[index];
+  rec.post = post;
+  rec.remaining = last - first + 1;
+  rec.live = true;
+  ++job->posts_pending;
+  t.active_posts.push_back(index);
+  if (auto tit = tuners_.find(job->slot); tit != tuners_.end()) {
+    tit->second->bytes += post.length;
+    if (post.iteration > tit->second->last_iteration) {
+      tit->second->last_iteration = post.iteration;
+      TuneStep_st(*job, now);
+    }
+  }
+
+  for (uint32_t i = first; i <= last && !job->failed; ++i) {
+    Part& p = job->parts[i];
+    if (p.iteration != post.iteration) {
+      p.iteration = post.iteration;
+      p.posted = 0;
+      p.result_got = 0;
+    }
+    const uint64_t lo = std::max(post.offset, p.offset);
+    const uint64_t hi = std::min(post.offset + post.length, p.offset + p.length);
+    p.posted += hi - lo;
+    if (p.owner == job->rank) {
+      OwnedPart& o = job->owned[p.owned];
+      if (!ShardAccept_st(*job, o, job->rank, post.iteration, hi - lo)) {
+        FailJob_st(*job, GL_E_BAD_ITERATION,
+                   absl::StrCat("job ", job->info.job_id, ": tensor ", t.name, " iteration ",
+                                post.iteration, " posted while the shard is in round ", o.round));
+        return;
+      }
+      o.priority = std::min(o.priority, prio);
+      if (job->owned_got[static_cast<size_t>(p.owned) * job->world + job->rank] == p.length) {
+        ShardRankDone_st(*job, o);
+      }
+    } else {
+      sched::ReadyRange r;
+      r.tensor_id = post.tensor_id;
+      r.priority = prio;
+      r.dtype = t.spec.dtype;
+      r.direction = sched::Direction::kPush;
+      r.peer = p.owner;
+      r.iteration = post.iteration;
+      r.tensor_bytes = t.spec.bytes;
+      r.offset = lo;
+      r.length = hi - lo;
+      job->policy->OnReady(r, now);
+    }
+  }
+}
+
+template <class T>
+void Engine<T>::FinishPost_st(Job& job, uint32_t index, gl_status status) {
+  PostRecord& rec = job.posts[index];
+  if (!rec.live) return;
+  rec.live = false;
+  --job.posts_pending;
+  if (rec.post.tensor_id < job.tensors.size()) {
+    auto& active = job.tensors[rec.post.tensor_id].active_posts;
+    auto it = std::find(active.begin(), active.end(), index);
+    if (it != active.end()) {
+      *it = active.back();
+      active.pop_back();
+    }
+  }
+  job.free_posts.push_back(index);
+  if (status == GL_OK) ++job.posts_completed; else ++job.posts_failed;
+  Complete_st(rec.post, status);
+}
+
+template <class T>
+void Engine<T>::PartResultReady_st(Job& job, uint32_t part_index) {
+  const Part& p = job.parts[part_index];
+  auto& active = job.tensors[p.tensor].active_posts;
+  // Iterate backwards: FinishPost_st swap-removes from `active`.
+  for (size_t k = active.size(); k-- > 0;) {
+    const uint32_t idx = active[k];
+    PostRecord& rec = job.posts[idx];
+    if (rec.post.iteration != p.iteration) continue;
+    if (rec.post.offset >= p.offset + p.length || rec.post.offset + rec.post.length <= p.offset) {
+      continue;
+    }
+    if (--rec.remaining == 0) FinishPost_st(job, idx, GL_OK);
+  }
+}
+
+// -------------------------------------------------------------------------- shard role ----
+
+template <class T>
+bool Engine<T>::ShardAccept_st(Job& job, OwnedPart& o, uint32_t rank, int64_t iteration,
+                               uint64_t length) {
+  const Part& p = job.parts[o.part];
+  uint64_t* got = &job.owned_got[static_cast<size_t>(&o - job.owned.data()) * job.world];
+  if (o.round != iteration || o.reduced) {
+    // A new round may start only after the previous one was reduced.
+    if (iteration <= o.round || !o.reduced) return false;
+    o.round = iteration;
+    o.reduced = false;
+    o.ranks_complete = 0;
+    o.priority = std::numeric_limits<sched::Priority>::max();
+    std::fill(got, got + job.world, 0);
+  }
+  if (got[rank] + length > p.length) return false;
+  got[rank] += length;
+  return true;
+}
+
+template <class T>
+void Engine<T>::ShardRankDone_st(Job& job, OwnedPart& o) {
+  if (++o.ranks_complete == job.world) TryReduce_st(job, o);
+}
+
+template <class T>
+void Engine<T>::TryReduce_st(Job& job, OwnedPart& o) {
+  if (o.pulls_pending > 0) {
+    // The result slot still feeds pull responses of the previous round.
+    o.reduce_deferred = true;
+    return;
+  }
+  o.reduce_deferred = false;
+  Part& p = job.parts[o.part];
+  const JobTensor& t = job.tensors[p.tensor];
+  const std::byte* contributions[ps::kMaxWorldSize];
+  std::byte* slots = job.slab.get() + o.slab_offset;
+  std::byte* local = reinterpret_cast<std::byte*>(job.arena + t.arena_offset + p.offset);
+  for (uint32_t r = 0; r < job.world; ++r) {
+    contributions[r] = r == job.rank ? local : slots + uint64_t{r} * p.length;
+  }
+  std::byte* out = slots + uint64_t{job.rank} * p.length;
+  absl::Status s = ps::ReduceInRankOrder(
+      t.spec.dtype, absl::MakeConstSpan(contributions, job.world), p.length, job.reduce, out);
+  if (!s.ok()) {
+    FailJob_st(job, GL_E_INTERNAL, absl::StrCat("job ", job.info.job_id, ": reduce: ", s.message()));
+    return;
+  }
+  std::memcpy(local, out, p.length);
+  o.reduced = true;
+  ++job.rounds_reduced;
+  counters_.rounds_reduced.Add_st(1);
+  const sched::TimeNs now = SessionServer::MonotonicNow();
+  for (uint16_t r = 0; r < job.world; ++r) {
+    if (r == job.rank) continue;
+    sched::ReadyRange rr;
+    rr.tensor_id = t.spec.id;
+    rr.priority = o.priority;
+    rr.dtype = t.spec.dtype;
+    rr.direction = sched::Direction::kPull;
+    rr.peer = r;
+    rr.iteration = o.round;
+    rr.tensor_bytes = t.spec.bytes;
+    rr.offset = p.offset;
+    rr.length = p.length;
+    job.policy->OnReady(rr, now);
+  }
+  o.pulls_pending = uint64_t{job.world - 1u} * p.length;
+  // The local rank's result is in its buffer now.
+  p.result_got = p.length;
+  PartResultReady_st(job, o.part);
+}
+
+// -------------------------------------------------------------------------- scheduling ----
+
+template <class T>
+int Engine<T>::RunPolicy_st(Job& job, TimeNs now) {
+  if (job.peers_up + 1 < job.world) return 0;  // nothing goes before every peer is up
+  int work = 0;
+  while (!job.failed && job.policy != nullptr && job.policy->NextDispatch(now, job.dispatch)) {
+    ++work;
+    uint32_t d;
+    if (!job.free_dispatches.empty()) {
+      d = job.free_dispatches.back();
+      job.free_dispatches.pop_back();
+    } else {
+      d = static_cast<uint32_t>(job.dispatches.size());
+      job.dispatches.emplace_back();
+    }
+    job.dispatches[d] = DispatchRecord{job.dispatch.bytes,
+                                       static_cast<uint32_t>(job.dispatch.segments.size())};
+    if (job.dispatch.segments.empty()) {
+      job.free_dispatches.push_back(d);
+      job.policy->OnAcked(job.dispatch.bytes, now);
+      continue;
+    }
+    for (const sched::Segment& seg : job.dispatch.segments) {
+      transport::SendSpec spec;
+      spec.key = seg.key;
+      spec.iteration = seg.iteration;
+      spec.offset = seg.offset;
+      spec.length = seg.length;
+      spec.priority = seg.priority;
+      spec.dtype = seg.dtype;
+      spec.direction = seg.direction;
+      const uint32_t tid = sched::KeyTensor(seg.key);
+      Part* p = PartAt(job, tid, seg.offset);
+      if (p == nullptr || seg.peer >= job.world || seg.peer == job.rank) {
+        FailJob_st(job, GL_E_INTERNAL, "policy produced a segment outside the job");
+        return work;
+      }
+      if (seg.direction == sched::Direction::kPush) {
+        spec.region = job.arena_region;
+        spec.region_offset = job.tensors[tid].arena_offset + seg.offset;
+        spec.cookie = MakeCookie(job.slot, job.generation, 0, d);
+      } else {
+        const OwnedPart& o = job.owned[p->owned];
+        spec.region = job.slab_region;
+        spec.region_offset =
+            o.slab_offset + uint64_t{job.rank} * p->length + (seg.offset - p->offset);
+        spec.cookie = MakeCookie(job.slot, job.generation, kCookiePull, d);
+      }
+      JobPeer& peer = job.peers[seg.peer];
+      absl::Status s = transport_->PostSend_st(peer.out, spec);
+      if (!s.ok()) {
+        FailJob_st(job, StatusFor(s), absl::StrCat("job ", job.info.job_id, ": send to rank ",
+                                                   seg.peer, ": ", s.message()));
+        return work;
+      }
+      job.estimator.OnSend(seg.length, now);
+      if (peer.send_tail - peer.send_head < peer.send_times.size()) {
+        peer.send_times[peer.send_tail++ % peer.send_times.size()] = now;
+      }
+      ++job.segments_sent;
+      counters_.segments_sent.Add_st(1);
+    }
+  }
+  return work;
+}
+
+template <class T>
+void Engine<T>::ReturnDispatch_st(Job& job, uint32_t d, TimeNs now) {
+  if (d >= job.dispatches.size()) return;
+  DispatchRecord& rec = job.dispatches[d];
+  if (rec.remaining == 0 || --rec.remaining > 0) return;
+  if (job.policy != nullptr) job.policy->OnAcked(rec.bytes, now);
+  job.free_dispatches.push_back(d);
+}
+
+template <class T>
+void Engine<T>::TuneStep_st(Job& job, TimeNs now) {
+  auto it = tuners_.find(job.slot);
+  if (it == tuners_.end()) return;
+  Tuner& tu = *it->second;
+  if (tu.iterations == 0) {
+    tu.trial = tu.tuner.Suggest();
+    tu.started = now;
+    tu.bytes = 0;
+    tu.pending_apply = true;
+  }
+  // A new credit window can only replace the policy while nothing is queued or in flight.
+  if (tu.pending_apply && job.policy->queued_segments() == 0 && job.policy->credit_in_use() == 0) {
+    job.policy_config.credit_bytes = tu.trial.credit_bytes;
+    auto p = sched::MakePolicy(job.policy_config);
+    if (p.ok()) {
+      job.policy = std::move(*p);
+      for (JobTensor& t : job.tensors) job.policy->RegisterTensor(t.spec);
+      job.dispatches.clear();
+      job.free_dispatches.clear();
+    }
+    tu.pending_apply = false;
+    tu.started = now;
+    tu.bytes = 0;
+  }
+  if (++tu.iterations <= options_.autotune_iterations_per_trial) return;
+  const double secs = static_cast<double>(now - tu.started) / sched::kSecond;
+  if (secs > 0 && tu.bytes > 0 && !tu.pending_apply && !tu.tuner.Done()) {
+    if (tu.tuner.Observe(tu.trial, static_cast<double>(tu.bytes) / secs).ok()) {
+      counters_.tuner_trials.Add_st(1);
+    }
+  }
+  if (tu.tuner.Done()) {
+    if (auto best = tu.tuner.Best(); best.ok() && !(best->params == tu.trial)) {
+      tu.trial = best->params;
+      tu.pending_apply = true;
+    }
+    tu.iterations = 1;
+    return;
+  }
+  tu.iterations = 0;
+}
+
+// ------------------------------------------------------------------ transport callbacks ----
+
+template <class T>
+void Engine<T>::OnPeerUp_st(const transport::PeerInfo& peer) {
+  auto it = out_handles_.find(peer.handle);
+  if (it == out_handles_.end()) return;  // inbound: the peer sends on it, we only receive
+  Job* job = jobs_[it->second.slot].get();
+  if (job == nullptr || job->generation != it->second.generation || job->failed) return;
+  JobPeer& p = job->peers[it->second.rank];
+  p.state = PeerState::kUp;
+  p.ever_up = true;
+  ++job->peers_up;
+  // The manifest is the first frame on the connection, so the peer checks it before any data.
+  transport::SendSpec spec;
+  spec.key = kManifestKey;
+  spec.length = kManifestBytes;
+  spec.region = job->manifest_region;
+  spec.cookie = MakeCookie(job->slot, job->generation, kCookieManifest, kNoDispatch);
+  if (absl::Status s = transport_->PostSend_st(p.out, spec); !s.ok()) {
+    FailJob_st(*job, StatusFor(s), absl::StrCat("job ", job->info.job_id, ": manifest to rank ",
+                                                it->second.rank, ": ", s.message()));
+  }
+}
+
+template <class T>
+void Engine<T>::OnPeerDown_st(const transport::PeerInfo& peer, const absl::Status& why) {
+  const TimeNs now = SessionServer::MonotonicNow();
+  if (auto it = out_handles_.find(peer.handle); it != out_handles_.end()) {
+    const OutHandle oh = it->second;
+    out_handles_.erase(it);
+    Job* job = jobs_[oh.slot].get();
+    if (job == nullptr || job->generation != oh.generation || job->failed) return;
+    JobPeer& p = job->peers[oh.rank];
+    const bool was_up = p.state == PeerState::kUp;
+    p.out = transport::kNoPeer;
+    p.state = PeerState::kDown;
+    if (was_up) --job->peers_up;
+    if (!p.ever_up && absl::IsNotFound(why) &&
+        now - job->connect_started < options_.transport.connect_deadline) {
+      // The peer's client has not posted yet, so its daemon does not know the job: redial.
+      const TimeNs backoff =
+          std::min<TimeNs>(options_.transport.connect_max_backoff,
+                           options_.transport.connect_initial_backoff << std::min(p.connect_attempts, 16));
+      p.retry_at = now + backoff;
+      return;
+    }
+    FailJob_st(*job, StatusFor(why),
+               absl::StrCat("job ", job->info.job_id, ": peer rank ", oh.rank, " (", p.address,
+                            ") down: ", why.message()));
+    return;
+  }
+  // An inbound connection that had come up: the peer's daemon closed its side of the job.
+  Job* job = JobByWire(peer.job_id);
+  if (job == nullptr || job->failed) return;
+  FailJob_st(*job, StatusFor(why),
+             absl::StrCat("job ", job->info.job_id, ": connection from rank ", peer.rank,
+                          " lost: ", why.message()));
+}
+
+template <class T>
+void Engine<T>::OnSendAcked_st(const transport::SendCompletion& send, TimeNs now) {
+  Job* job = JobFromCookie(send.cookie);
+  if (job == nullptr) return;
+  auto it = out_handles_.find(send.peer);
+  if (it != out_handles_.end()) {
+    JobPeer& p = job->peers[it->second.rank];
+    if ((send.cookie & kCookieManifest) == 0 && p.send_head < p.send_tail) {
+      const TimeNs sent = p.send_times[p.send_head++ % p.send_times.size()];
+      job->estimator.OnAck(send.length, sent, now);
+    }
+  }
+  if ((send.cookie & kCookieManifest) != 0) return;
+  if ((send.cookie & kCookiePull) != 0) {
+    if (Part* p = PartAt(*job, sched::KeyTensor(send.key), send.offset); p && p->owned >= 0) {
+      OwnedPart& o = job->owned[p->owned];
+      // Pull responses may be cut into several sends: count bytes.
+      o.pulls_pending -= std::min(o.pulls_pending, send.length);
+      if (o.pulls_pending == 0 && o.reduce_deferred) TryReduce_st(*job, o);
+    }
+  }
+  ReturnDispatch_st(*job, CookieDispatch(send.cookie), now);
+}
+
+template <class T>
+void Engine<T>::OnSendFailed_st(const transport::SendCompletion& send, const absl::Status& why) {
+  Job* job = JobFromCookie(send.cookie);
+  if (job == nullptr || job->failed) return;
+  FailJob_st(*job, absl::IsFailedPrecondition(why) ? GL_E_PROTOCOL : StatusFor(why),
+             absl::StrCat("job ", job->info.job_id, ": segment (tensor ",
+                          sched::KeyTensor(send.key), ", offset ", send.offset,
+                          ", iteration ", send.iteration, ") failed: ", why.message()));
+}
+
+template <class T>
+RecvTarget Engine<T>::ResolveRecv_st(const transport::PeerInfo& peer,
+                                     const transport::FrameHeader& h) {
+  Job* job = JobByWire(peer.job_id);
+  const uint32_t r = peer.rank;
+  auto reject = [&]() {
+    counters_.segments_rejected.Add_st(1);
+    if (job != nullptr) ++job->segments_rejected;
+    return RecvTarget::Reject();
+  };
+  if (job == nullptr || job->failed || r >= job->world || r == job->rank) return reject();
+  const uint64_t cookie = MakeCookie(job->slot, job->generation, 0, 0);
+  const uint32_t tid = sched::KeyTensor(h.key);
+  if (tid == kManifestTensorId) {
+    if (h.length != kManifestBytes || job->peers[r].manifest_ok) return reject();
+    return RecvTarget::Into(job->manifest_in_region, uint64_t{r} * kManifestBytes, cookie);
+  }
+  if (!job->peers[r].manifest_ok || h.length == 0) return reject();
+  Part* p = PartAt(*job, tid, h.offset);
+  if (p == nullptr) return reject();
+  const JobTensor& t = job->tensors[tid];
+  if (h.dtype != static_cast<uint8_t>(t.spec.dtype) || h.length % sched::DTypeBytes(t.spec.dtype) != 0 ||
+      h.offset + h.length > p->offset + p->length) {
+    return reject();
+  }
+  if (h.direction == static_cast<uint8_t>(sched::Direction::kPush)) {
+    if (p->owner != job->rank) return reject();
+    OwnedPart& o = job->owned[p->owned];
+    if (!ShardAccept_st(*job, o, r, h.iteration, h.length)) return reject();
+    o.priority = std::min<sched::Priority>(o.priority, h.priority);
+    return RecvTarget::Into(job->slab_region,
+                            o.slab_offset + uint64_t{r} * p->length + (h.offset - p->offset),
+                            cookie);
+  }
+  // A pull response: only from the partition's shard, for the round we wait for.
+  if (p->owner != r || p->iteration != h.iteration || p->posted != p->length ||
+      p->result_got + h.length > p->length) {
+    return reject();
+  }
+  p->result_got += h.length;
+  return RecvTarget::Into(job->arena_region, t.arena_offset + h.offset, cookie);
+}
+
+template <class T>
+void Engine<T>::OnRecvDone_st(const transport::PeerInfo& peer, const transport::FrameHeader& h,
+                              const RecvTarget& target, TimeNs) {
+  Job* job = JobFromCookie(target.cookie);
+  if (job == nullptr || job->failed) return;
+  const uint32_t r = peer.rank;
+  ++job->segments_received;
+  counters_.segments_received.Add_st(1);
+  const uint32_t tid = sched::KeyTensor(h.key);
+  if (tid == kManifestTensorId) {
+    const ManifestBody& m = job->manifest_in[r];
+    if (m.magic == kManifestMagic && m.fingerprint == job->fingerprint &&
+        m.tensor_count == job->manifest_out.tensor_count && m.world_size == job->world) {
+      job->peers[r].manifest_ok = true;
+      return;
+    }
+    counters_.manifest_mismatches.Add_st(1);
+    FailJob_st(*job, GL_E_BAD_TENSOR,
+               absl::StrCat("job ", job->info.job_id, ": rank ", r, " registered ",
+                            m.tensor_count, " tensors (", m.total_bytes, " bytes, W=",
+                            m.world_size, ", fingerprint ", absl::Hex(m.fingerprint),
+                            "), this rank ", job->manifest_out.tensor_count, " (",
+                            job->total_bytes, " bytes, W=", job->world, ", fingerprint ",
+                            absl::Hex(job->fingerprint),
+                            "): every rank must register the same tensors (name, bytes, dtype) "
+                            "in the same order, with the same policy and reduce op, before its "
+                            "first post"));
+    return;
+  }
+  Part* p = PartAt(*job, tid, h.offset);
+  if (p == nullptr) return;
+  if (h.direction == static_cast<uint8_t>(sched::Direction::kPush)) {
+    // Frames of one peer are resolved and placed one after another, so when the bytes reserved
+    // for rank r reach the partition's length, this frame was its last piece.
+    if (p->owned >= 0 &&
+        job->owned_got[static_cast<size_t>(p->owned) * job->world + r] == p->length) {
+      ShardRankDone_st(*job, job->owned[p->owned]);
+    }
+    return;
+  }
+  if (p->result_got == p->length) PartResultReady_st(*job, static_cast<uint32_t>(p - job->parts.data()));
+}
+
+template class Engine<transport::tcp::TcpTransport>;
+template class Engine<transport::fake::FakeTransport>;
+
+}  // namespace gradlane::daemon

@@ -1,0 +1,152 @@
+#include "daemon/job.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "sched/policies/bytescheduler.h"
+#include "sched/policies/prophet.h"
+
+namespace gradlane::daemon {
+namespace {
+
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+constexpr uint64_t kFnvPrime = 0x100000001b3ull;
+
+void Mix(uint64_t& h, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= kFnvPrime;
+  }
+}
+template <typename T>
+void MixValue(uint64_t& h, T v) {
+  Mix(h, &v, sizeof(v));
+}
+
+}  // namespace
+
+uint64_t EnginePartitionBytes(const std::string& policy, uint64_t configured, sched::DType dtype) {
+  if (policy == "fifo") return 0;  // whole tensors: the vanilla baseline sends them unsplit
+  if (configured != 0) return configured;
+  if (policy == "p3") {
+    return sched::kP3PartitionElements * sched::DTypeBytes(dtype);
+  }
+  if (policy == "prophet") return sched::kProphetDefaultPartitionBytes;
+  return sched::kByteSchedulerDefaultPartitionBytes;
+}
+
+uint64_t WireJobId(const std::string& job_id) {
+  uint64_t h = kFnvOffset;
+  Mix(h, job_id.data(), job_id.size());
+  return h;
+}
+
+uint64_t Fingerprint(const std::vector<TensorInfo>& tensors, uint32_t world_size,
+                     const std::string& policy, ps::ReduceOp reduce) {
+  uint64_t h = kFnvOffset;
+  MixValue(h, world_size);
+  Mix(h, policy.data(), policy.size() + 0);
+  MixValue(h, static_cast<uint8_t>(0xFF));  // separator: "ab"+"c" != "a"+"bc"
+  MixValue(h, static_cast<uint8_t>(reduce));
+  MixValue(h, static_cast<uint64_t>(tensors.size()));
+  for (const TensorInfo& t : tensors) {
+    Mix(h, t.name.data(), t.name.size());
+    MixValue(h, static_cast<uint8_t>(0));
+    MixValue(h, t.bytes);
+    MixValue(h, static_cast<uint8_t>(t.dtype));
+  }
+  return h;
+}
+
+JobError BuildJobPlan(const Session& session, const std::string& default_policy,
+                      uint64_t partition_bytes, ps::ReduceOp reduce, Job* job) {
+  const JobInfo* info = session.job();
+  if (info == nullptr) return {GL_E_NO_JOB, "no job registered in this session"};
+  job->info = *info;
+  job->session_id = session.id();
+  job->wire_id = WireJobId(info->job_id);
+  job->policy_name = info->policy.empty() ? default_policy : info->policy;
+  job->reduce = reduce;
+  const std::string& id = info->job_id;
+  if (info->world_size > ps::kMaxWorldSize) {
+    return {GL_E_INVALID_ARGUMENT,
+            absl::StrCat("job ", id, ": world size ", info->world_size,
+                         " above the parameter-server limit of ", ps::kMaxWorldSize)};
+  }
+  if (info->world_size > 1 && info->peers.size() != info->world_size) {
+    return {GL_E_INVALID_ARGUMENT, absl::StrCat("job ", id, ": ", info->peers.size(),
+                                                " peer addresses for ", info->world_size,
+                                                " ranks (one host:port per rank is required)")};
+  }
+  if (info->auth_token.size() > transport::kMaxTokenBytes) {
+    return {GL_E_INVALID_ARGUMENT, absl::StrCat("job ", id, ": auth token of ",
+                                                info->auth_token.size(), " bytes (at most ",
+                                                transport::kMaxTokenBytes, ")")};
+  }
+  job->rank = static_cast<uint16_t>(info->rank);
+  job->world = static_cast<uint16_t>(info->world_size);
+  const std::vector<TensorInfo>& tensors = session.tensors();
+  if (tensors.empty()) {
+    return {GL_E_NO_JOB, absl::StrCat("job ", id, ": no tensors registered before the first post")};
+  }
+
+  std::vector<ps::KeyBytes> keys;
+  job->tensors.clear();
+  job->parts.clear();
+  job->total_bytes = 0;
+  for (const TensorInfo& t : tensors) {
+    JobTensor jt;
+    jt.name = t.name;
+    jt.spec.id = t.id;
+    jt.spec.bytes = t.bytes;
+    jt.spec.dtype = t.dtype;
+    jt.auto_priority = t.priority == GL_PRIORITY_AUTO;
+    jt.spec.priority = jt.auto_priority ? 0 : t.priority;
+    jt.arena_offset = t.offset;
+    jt.plan = sched::PartitionPlan::Make(
+        t.bytes, t.dtype, EnginePartitionBytes(job->policy_name, partition_bytes, t.dtype));
+    jt.first_part = static_cast<uint32_t>(job->parts.size());
+    jt.active_posts.reserve(4);
+    const uint32_t n = jt.plan.partition_count();
+    for (uint32_t k = 0; k < n; ++k) {
+      Part p;
+      p.tensor = static_cast<uint32_t>(job->tensors.size());
+      p.index = k;
+      p.offset = uint64_t{k} * jt.plan.partition_bytes();
+      p.length = std::min(jt.plan.partition_bytes(), t.bytes - p.offset);
+      keys.push_back({sched::MakeKey(t.id, k), p.length});
+      job->parts.push_back(p);
+    }
+    job->total_bytes += t.bytes;
+    job->tensors.push_back(std::move(jt));
+  }
+  auto map = ps::ShardMap::Build(keys, job->world);
+  if (!map.ok()) {
+    return {GL_E_INTERNAL, absl::StrCat("job ", id, ": shard map: ", map.status().message())};
+  }
+  job->shard_map = std::make_unique<ps::ShardMap>(std::move(*map));
+  job->owned.clear();
+  uint64_t slab = 0;
+  for (size_t i = 0; i < job->parts.size(); ++i) {
+    Part& p = job->parts[i];
+    const uint32_t tid = job->tensors[p.tensor].spec.id;
+    p.owner = static_cast<uint16_t>(job->shard_map->ShardOf(sched::MakeKey(tid, p.index)).value_or(0));
+    if (p.owner == job->rank) {
+      OwnedPart o;
+      o.part = static_cast<uint32_t>(i);
+      o.slab_offset = slab;
+      slab += uint64_t{job->world} * p.length;
+      p.owned = static_cast<int32_t>(job->owned.size());
+      job->owned.push_back(o);
+    }
+  }
+  job->slab_bytes = slab;
+  job->fingerprint = Fingerprint(tensors, job->world, job->policy_name, reduce);
+  job->manifest_out = ManifestBody{kManifestMagic, job->fingerprint,
+                                   static_cast<uint32_t>(tensors.size()), job->world,
+                                   job->total_bytes};
+  return {};
+}
+
+}  // namespace gradlane::daemon

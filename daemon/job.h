@@ -1,0 +1,231 @@
+// daemon/job.h — one training job as this daemon sees it: its peers, its policy, its frozen
+// tensor list with the partition plan and shard map every rank derives identically, and the
+// per-partition state of both roles (worker: the client's posts waiting for results; shard:
+// the W contributions of the keys this rank owns).
+//
+// Rules that make the ranks agree without negotiation (docs/daemon.md):
+//   - One rank per daemon per job; a job is bound to the one client session that registered it.
+//   - The tensor list is frozen at the job's first post on this daemon: every rank must have
+//     registered the same tensors (name, bytes, dtype) in the same order before posting.
+//     `Fingerprint` digests that list together with W, the policy and the reduce op; daemons
+//     exchange it in a manifest frame, the first frame on each connection, and a difference
+//     fails the job with a message naming both values.
+//   - Partition k of a tensor is PartitionPlan::Make(bytes, dtype, EnginePartitionBytes(...));
+//     the shard map is ps::ShardMap over those keys. Both depend only on the frozen list.
+//
+// Thread rules: everything here belongs to the engine thread (`_st` in spirit). Building a
+// Job allocates (control path); the data path only indexes the vectors built here.
+#ifndef GRADLANE_DAEMON_JOB_H_
+#define GRADLANE_DAEMON_JOB_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/ps/aggregator.h"
+#include "daemon/ps/shard_map.h"
+#include "daemon/session.h"
+#include "sched/bandwidth_estimator.h"
+#include "sched/partitioner.h"
+#include "sched/policy.h"
+#include "sched/priority.h"
+#include "sched/types.h"
+#include "shm/abi.h"
+#include "transport/transport.h"
+
+namespace gradlane::daemon {
+
+// The manifest: the first data frame a daemon sends on each of its connections of a job. It
+// travels as a kData frame whose key names the reserved tensor id below (no real tensor can
+// have it: session tensor ids are dense and bounded by the arena).
+inline constexpr uint32_t kManifestTensorId = 0xFFFFFFFFu;
+inline constexpr sched::SegmentKey kManifestKey = sched::MakeKey(kManifestTensorId, 0);
+inline constexpr uint64_t kManifestMagic = 0x54534E414D4C47ull;  // "GLMANST"
+
+struct ManifestBody {
+  uint64_t magic;         // 0  kManifestMagic
+  uint64_t fingerprint;   // 8  Fingerprint() of the sender's frozen job
+  uint32_t tensor_count;  // 16
+  uint32_t world_size;    // 20
+  uint64_t total_bytes;   // 24 sum of tensor bytes (for the error message)
+};
+inline constexpr size_t kManifestBytes = 32;
+static_assert(sizeof(ManifestBody) == kManifestBytes);
+static_assert(offsetof(ManifestBody, tensor_count) == 16 && offsetof(ManifestBody, total_bytes) == 24);
+
+// The partition size the engine cuts every posted range with, so that a policy never needs to
+// cut across a partition (its own plan is this one or finer). Depends only on the policy name,
+// the configured size and the dtype, so every rank computes the same.
+uint64_t EnginePartitionBytes(const std::string& policy, uint64_t configured, sched::DType dtype);
+
+// FNV-1a of the job id string: the 64-bit id the wire protocol carries.
+uint64_t WireJobId(const std::string& job_id);
+
+// A frozen tensor with the engine's plan.
+struct JobTensor {
+  std::string name;
+  sched::TensorSpec spec;  // id, bytes, dtype, priority (resolved: never GL_PRIORITY_AUTO)
+  bool auto_priority = false;
+  uint64_t arena_offset = 0;  // in the session's arena
+  sched::PartitionPlan plan = sched::PartitionPlan::Make(1, sched::DType::kF32, 0);
+  uint32_t first_part = 0;   // index of partition 0 in Job::parts
+  // Posts of this tensor waiting for results (indices into Job::posts); usually one.
+  std::vector<uint32_t> active_posts;
+};
+
+// One partition of one tensor: worker view, and (when owned here) an index to the shard view.
+struct Part {
+  uint32_t tensor = 0;
+  uint32_t index = 0;
+  uint64_t offset = 0;  // within the tensor
+  uint64_t length = 0;
+  uint16_t owner = 0;    // shard rank
+  int32_t owned = -1;    // index into Job::owned when owner == local rank
+  // Worker: the iteration whose result we wait for, bytes of it posted locally and received.
+  int64_t iteration = -1;
+  uint64_t posted = 0;
+  uint64_t result_got = 0;
+};
+
+// Shard state of one owned partition. The slab holds W slots of `length` bytes: slot r (r !=
+// local rank) receives rank r's push; the local rank's slot holds the reduced result, from which
+// pull responses are sent. The local contribution is read straight from the client's arena.
+struct OwnedPart {
+  uint32_t part = 0;
+  uint64_t slab_offset = 0;  // of slot 0
+  int64_t round = -1;        // iteration being collected (or last reduced)
+  bool reduced = true;       // round finished (no round open)
+  uint32_t ranks_complete = 0;
+  uint64_t pulls_pending = 0;  // bytes of pull sends from the result slot not yet acked
+  bool reduce_deferred = false;
+  sched::Priority priority = 0;
+};
+
+// A client post being served.
+struct PostRecord {
+  PostDescriptor post;
+  uint32_t remaining = 0;  // partitions whose result is not in the arena yet
+  bool live = false;
+};
+
+enum class PeerState : uint8_t { kConnecting, kUp, kDown };
+
+struct JobPeer {
+  std::string address;
+  transport::PeerHandle out = transport::kNoPeer;  // our dialed connection: all our sends
+  PeerState state = PeerState::kConnecting;
+  bool ever_up = false;      // the outbound connection came up once
+  bool manifest_ok = false;  // its manifest arrived and matched ours
+  int connect_attempts = 0;
+  sched::TimeNs retry_at = 0;  // > 0: redial at this time (peer did not know the job yet)
+  // Send times of unacknowledged frames, in send order (acks come back in that order), for the
+  // RTT estimator. Ring of `send_times.size()` entries.
+  std::vector<sched::TimeNs> send_times;
+  uint64_t send_head = 0, send_tail = 0;
+};
+
+// One in-flight Dispatch: credit returns once all its segments are acked or failed.
+struct DispatchRecord {
+  uint64_t bytes = 0;
+  uint32_t remaining = 0;
+};
+
+struct Job {
+  // Identity.
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+  JobInfo info;
+  uint64_t wire_id = 0;
+  bool added_to_transport = false;
+  uint64_t session_id = 0;
+  uint16_t rank = 0;
+  uint16_t world = 1;
+  std::string policy_name;
+  ps::ReduceOp reduce = ps::ReduceOp::kSum;
+
+  // Failure: once set, every post is answered with `fail_status` and nothing is sent.
+  bool failed = false;
+  gl_status fail_status = GL_OK;
+  std::string fail_reason;
+
+  // Frozen tensors and plan.
+  std::vector<JobTensor> tensors;
+  std::vector<Part> parts;
+  std::vector<OwnedPart> owned;
+  std::vector<uint64_t> owned_got;  // owned.size() x W: bytes of each rank's push this round
+  uint64_t fingerprint = 0;
+  uint64_t total_bytes = 0;
+  std::unique_ptr<ps::ShardMap> shard_map;
+
+  // Memory: an alias mapping of the client's arena (survives the client's death until we
+  // release it), the shard slab, manifests.
+  uint8_t* arena = nullptr;
+  uint64_t arena_bytes = 0;
+  transport::RegionId arena_region = transport::kNoRegion;
+  std::unique_ptr<std::byte[]> slab;
+  uint64_t slab_bytes = 0;
+  transport::RegionId slab_region = transport::kNoRegion;
+  ManifestBody manifest_out{};
+  std::vector<ManifestBody> manifest_in;  // per rank
+  transport::RegionId manifest_region = transport::kNoRegion;
+  transport::RegionId manifest_in_region = transport::kNoRegion;
+
+  // Scheduling.
+  std::unique_ptr<sched::Policy> policy;
+  sched::PolicyConfig policy_config;
+  sched::AutoPriority auto_priority;
+  sched::BandwidthEstimator estimator;
+  sched::Dispatch dispatch;  // reused
+  std::vector<DispatchRecord> dispatches;
+  std::vector<uint32_t> free_dispatches;
+  sched::TimeNs last_estimate_push = 0;
+
+  // Peers by rank (entry `rank` unused). Nothing is dispatched before every peer is up: the
+  // job cannot progress without all of them, and a send to a peer that later turns out not to
+  // know the job yet would fail.
+  std::vector<JobPeer> peers;
+  uint32_t peers_up = 0;
+  sched::TimeNs connect_started = 0;
+
+  // Posts.
+  std::vector<PostRecord> posts;
+  std::vector<uint32_t> free_posts;
+  uint64_t posts_pending = 0;
+  // Posts that arrived before the job could be activated are never kept: activation happens
+  // in the first OnPost, synchronously.
+
+  // Counters (metrics, tests).
+  uint64_t segments_sent = 0;
+  uint64_t segments_received = 0;
+  uint64_t segments_rejected = 0;
+  uint64_t rounds_reduced = 0;
+  uint64_t posts_completed = 0;
+  uint64_t posts_failed = 0;
+
+  // Iteration timing for the online tuner (bytescheduler with tuning).
+  int64_t tune_iteration = -1;
+  sched::TimeNs tune_started = 0;
+  uint64_t tune_bytes = 0;
+};
+
+// The fingerprint of a frozen tensor list plus the knobs every rank must share.
+uint64_t Fingerprint(const std::vector<TensorInfo>& tensors, uint32_t world_size,
+                     const std::string& policy, ps::ReduceOp reduce);
+
+// Validates what the client registered and builds the frozen tensors, parts, shard map and the
+// owned-part table. Errors carry the gl_status to complete posts with and a readable message.
+struct JobError {
+  gl_status status = GL_OK;
+  std::string message;
+};
+JobError BuildJobPlan(const Session& session, const std::string& default_policy,
+                      uint64_t partition_bytes, ps::ReduceOp reduce, Job* job);
+
+}  // namespace gradlane::daemon
+
+#endif  // GRADLANE_DAEMON_JOB_H_
