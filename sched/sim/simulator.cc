@@ -258,11 +258,13 @@ class Engine {
   void IdealArrive(int64_t msg_id, TimeNs now);
 
   int64_t NewMessage();
-  // The order the next forward consumes layers in (the optimum of a single-port relaxation,
-  // whatever priorities the policies were given); within a layer a pull first (it is one hop
-  // from its consumer).
-  static int64_t IdealRank(uint32_t layer, Direction direction) {
-    return 2 * static_cast<int64_t>(layer) + (direction == Direction::kPush ? 1 : 0);
+  // Earliest due date first (Jackson's rule, optimal for one preemptive port): a byte of layer
+  // i is due when the next forward reaches layer i (Σ fwd of layers < i), minus the time it
+  // still travels after crossing the port. A push travels one latency more than a pull (to the
+  // shard, then back as a pull), so it is due one latency earlier. Whatever priorities the
+  // policies were given: those are a policy input, this is the optimum.
+  int64_t IdealRank(uint32_t layer, Direction direction) const {
+    return forward_before_[layer] - (direction == Direction::kPush ? config_.latency_ns : 0);
   }
   bool UpConstrained(int h) const { return ports_.all || (ports_.uplink && ports_.host == h); }
   bool DownConstrained(int h) const {
@@ -289,6 +291,7 @@ class Engine {
   int64_t total_ = 0;
   uint64_t ideal_piece_ = 0;
   TimeNs backward_ns_ = 0;
+  std::vector<TimeNs> forward_before_;  // Σ fwd of the layers before each layer
   std::vector<Priority> priority_;
   std::vector<std::vector<OwnedRange>> owned_;
   // Gradient release groups: distinct ready times, tensors released together.
@@ -334,6 +337,10 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory,
   const size_t num_layers = profile_.layers.size();
   total_ = config_.warmup_iterations + config_.measured_iterations;
   backward_ns_ = profile_.BackwardNs();
+  forward_before_.assign(num_layers, 0);
+  for (size_t i = 1; i < num_layers; ++i) {
+    forward_before_[i] = forward_before_[i - 1] + profile_.layers[i - 1].fwd_ns;
+  }
   priority_.resize(num_layers);
   for (size_t i = 0; i < num_layers; ++i) {
     priority_[i] = config_.priorities.empty() ? static_cast<Priority>(i) : config_.priorities[i];

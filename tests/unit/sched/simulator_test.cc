@@ -5,6 +5,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -366,6 +367,52 @@ TEST(SimulatorTest, IdealBoundIsBelowEveryPolicyOnEveryProfileAndBandwidth) {
         }
         EXPECT_DOUBLE_EQ(r->comm_ns, ideal->comm_ns);
       }
+    }
+  }
+}
+
+// The bound against many small random models and configs, including policies without overhead
+// that come close to it: a seeded generator, so a failure is reproducible.
+TEST(SimulatorTest, IdealBoundHoldsOnRandomSmallModels) {
+  std::mt19937_64 rng(20261122);
+  auto uniform = [&](uint64_t lo, uint64_t hi) { return lo + rng() % (hi - lo + 1); };
+  for (int trial = 0; trial < 80; ++trial) {
+    const int layers = static_cast<int>(uniform(1, 6));
+    const bool stepwise = uniform(0, 1) == 1;
+    std::string json = R"({"model": "random", "layers": [)";
+    for (int i = 0; i < layers; ++i) {
+      absl::StrAppend(&json, i ? "," : "", R"({"name": "l)", i, R"(", "param_bytes": )",
+                      uniform(0, 3) == 0 ? 0 : uniform(1000, 6'000'000), R"(, "fwd_us": )",
+                      uniform(0, 3000), R"(, "bwd_us": )", uniform(0, 6000));
+      if (stepwise) absl::StrAppend(&json, R"(, "ready_us": )", 1000 * uniform(0, 8));
+      absl::StrAppend(&json, "}");
+    }
+    absl::StrAppend(&json, "]}");
+    const ModelProfile p = MustParse(json);
+    SimConfig c = SmallConfig(1e9 * static_cast<double>(uniform(1, 40)) / 4);
+    c.workers = static_cast<int>(uniform(2, 4));
+    c.overhead_ns = static_cast<TimeNs>(uniform(0, 1) * 50'000);
+    c.latency_ns = static_cast<TimeNs>(uniform(0, 50'000));
+    c.aggregation_bytes_per_s = uniform(0, 1) ? 0 : 20e9;
+    c.shard_partition_bytes = uniform(1, 8) << 19;
+    SCOPED_TRACE(absl::StrCat("trial ", trial, ": W=", c.workers, " B=", c.bandwidth_bits_per_s,
+                              " θ=", c.overhead_ns, " latency=", c.latency_ns,
+                              " aggregation=", c.aggregation_bytes_per_s,
+                              " shard partition=", c.shard_partition_bytes, " ", json));
+    absl::StatusOr<SimResult> ideal = SimulateIdeal(p, c);
+    ASSERT_TRUE(ideal.ok()) << ideal.status();
+    const uint64_t partition = uniform(1, 16) << 16;
+    const uint64_t credit = partition * uniform(1, 4);
+    const PolicyFactory tight = [partition, credit] {
+      return absl::StatusOr<std::unique_ptr<Policy>>(
+          std::make_unique<RefPriority>(partition, credit));
+    };
+    std::vector<NamedFactory> policies = AllPolicies();
+    policies.push_back({"ref-priority-random", tight});
+    for (const NamedFactory& f : policies) {
+      absl::StatusOr<SimResult> r = Simulate(p, c, f.factory, f.name);
+      ASSERT_TRUE(r.ok()) << f.name << ": " << r.status();
+      EXPECT_LE(ideal->total_ns, r->total_ns) << f.name << ", bound from " << ideal->variant;
     }
   }
 }
