@@ -15,7 +15,8 @@
 //
 // Threading: every method with the `_st` suffix (including the control ops) must be called from
 // one thread, the engine thread that owns the transport; handler callbacks run on that thread,
-// inside Progress_st (or inside Disconnect_st for its own peer). Stats() and PeerStatsOf() may be
+// inside Progress_st (or synchronously inside Disconnect_st / RemoveJob_st for the peers they
+// close). Stats() and PeerStatsOf() may be
 // called from any thread (metrics): they read relaxed atomics.
 //
 // Completion guarantees (every backend):
@@ -73,7 +74,8 @@ struct TransportOptions {
   TimeNs connect_max_backoff = 1 * sched::kSecond;
   TimeNs connect_deadline = 60 * sched::kSecond;
   TimeNs connect_attempt_timeout = 2 * sched::kSecond;
-  // Largest segment accepted from a peer (payload_bytes is 32-bit on the wire).
+  // Largest segment accepted from a peer, and accepted by PostSend_st (payload_bytes is 32-bit
+  // on the wire).
   uint64_t max_segment_bytes = 256ull << 20;
   // Preallocation: connections (inbound + outbound), sends queued or unacknowledged per peer
   // (rounded up to a power of two; PostSend_st past it is ResourceExhausted), regions.

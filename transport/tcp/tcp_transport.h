@@ -49,7 +49,10 @@ class TcpTransport final {
   absl::StatusOr<uint16_t> Listen_st();
 
   // Accept peers of this job (inbound hellos are checked against it) and dial as it.
+  // InvalidArgument for a token over kMaxTokenBytes or a rank outside the world size.
   absl::Status AddJob_st(const JobCredentials& job);
+  // Closes the job's connections at once (pending sends fail with Cancelled, peers the engine
+  // knows are reported down, synchronously) and stops accepting its hellos.
   absl::Status RemoveJob_st(uint64_t job_id);
 
   // Dials `address` ("host:port", numeric) as `job` (which AddJob_st must have registered).

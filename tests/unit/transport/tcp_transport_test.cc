@@ -675,5 +675,25 @@ TEST(TcpTransport, DisconnectFailsPendingAndTellsThePeer) {
   EXPECT_EQ(b.t->Stats().malformed(), 0u);
 }
 
+TEST(TcpTransport, RemoveJobClosesItsPeers) {
+  Node a, b;
+  const PeerHandle ab = ConnectPair(a, b);
+  std::vector<uint8_t> src(10);
+  SendSpec s;
+  s.region = *a.t->RegisterRegion_st(src.data(), src.size());
+  s.length = 10;
+  ASSERT_TRUE(a.t->PostSend_st(ab, s).ok());
+  ASSERT_TRUE(a.t->RemoveJob_st(kJob).ok());
+  ASSERT_EQ(a.h.failed.size(), 1u);
+  EXPECT_EQ(a.h.failed[0].second.code(), absl::StatusCode::kCancelled);
+  ASSERT_EQ(a.h.down.size(), 1u);
+  EXPECT_EQ(a.h.down[0].second.code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(PumpUntil({a.t.get(), b.t.get()}, [&] { return !b.h.down.empty(); }));
+  EXPECT_EQ(b.h.down[0].second.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(a.t->Connect_st(Job(0), "127.0.0.1:1", MonotonicNow()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(a.t->RemoveJob_st(kJob).code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace gradlane::transport
