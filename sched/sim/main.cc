@@ -21,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -110,6 +111,16 @@ void PrecheckFlags(int argc, char** argv) {
     absl::string_view name = arg.substr(0, arg.find('='));
     std::optional<absl::string_view> value;
     if (arg.find('=') != absl::string_view::npos) value = arg.substr(arg.find('=') + 1);
+    // absl's own usage and flag-file flags: left to absl::ParseCommandLine.
+    if (name == "help" || name == "helpfull" || name == "helpshort" || name == "helppackage" ||
+        name == "version" || name == "only_check_args") {
+      continue;
+    }
+    if (name == "helpon" || name == "helpmatch" || name == "flagfile" || name == "fromenv" ||
+        name == "tryfromenv" || name == "undefok") {
+      if (!value.has_value()) ++i;
+      continue;
+    }
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr && absl::StartsWith(name, "no")) {
       flag = absl::FindCommandLineFlag(name.substr(2));
@@ -217,6 +228,14 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "simulates communication-scheduling policies over a model profile.\n"
       "  gradlane-sim --profile FILE --bandwidth 3gbit --workers 3 --policy all --format csv");
+  // --help lists the flags of the file defining main(); absl's default looks for a file named
+  // after the program.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "sim/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   PrecheckFlags(argc, argv);
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) Fail(2, absl::StrCat("unexpected argument '", rest[1], "'"));
