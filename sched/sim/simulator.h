@@ -118,7 +118,9 @@ struct SimConfig {
 // Builds one host's policy; called once per host per run.
 using PolicyFactory = std::function<absl::StatusOr<std::unique_ptr<Policy>>()>;
 
-// Traffic of one host, per measured iteration (averaged).
+// Traffic of one host, per measured iteration (averaged). In the ideal bound only the
+// constrained port is ever busy (the others have infinite bandwidth), and `up_messages` counts
+// fluid pieces.
 struct LinkStats {
   double up_bytes = 0;
   double down_bytes = 0;
