@@ -372,8 +372,14 @@ void Engine<T>::FailJob_st(Job& job, gl_status status, const std::string& reason
   job.failed = true;
   job.fail_status = status;
   job.fail_reason = reason;
-  counters_.jobs_failed.Add_st(1);
-  LogLine(absl::StrCat("job failed (", StatusName(status), "): ", reason));
+  // A disconnect with nothing pending is how every job ends (its clients close); only a failure
+  // that cost a post, or a configuration error, counts as a failed job.
+  if (job.posts_pending > 0 || status != GL_E_DISCONNECTED) {
+    counters_.jobs_failed.Add_st(1);
+    LogLine(absl::StrCat("job failed (", StatusName(status), "): ", reason));
+  } else {
+    LogLine(absl::StrCat("job ended: ", reason));
+  }
   if (auto it = job_by_wire_.find(job.wire_id); it != job_by_wire_.end() && it->second == job.slot) {
     job_by_wire_.erase(it);
   }

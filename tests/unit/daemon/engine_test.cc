@@ -1,0 +1,622 @@
+// The engine end to end with the fake transport: W engines in one process (driven by one
+// thread, as the fake requires), real libgradlane clients on their own threads talking to each
+// engine over its Unix socket and shared memory. Results are compared bit for bit with a
+// reference reduction computed here (rank order, f16/bf16 widened to f32 and rounded once).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine.h"
+#include "daemon/ps/half.h"
+#include "libclient/gradlane.h"
+#include "transport/fake/fake_transport.h"
+
+namespace gradlane::daemon {
+namespace {
+
+using transport::fake::FakeNetwork;
+using transport::fake::FakeTransport;
+using FakeEngine = Engine<FakeTransport>;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kPartition = 4096;
+
+std::string Addr(int i) { return absl::StrCat("h", i, ":1"); }
+
+// W engines on one FakeNetwork, polled by one driver thread.
+class Cluster {
+ public:
+  Cluster(int n, EngineOptions base, const std::string& tag) : base_(std::move(base)), tag_(tag) {
+    for (int i = 0; i < n; ++i) AddEngine(i);
+    driver_ = std::thread([this] { Loop(); });
+  }
+  ~Cluster() {
+    stop_.store(true);
+    driver_.join();
+    engines_.clear();
+  }
+
+  const std::string& socket(int i) const { return sockets_[i]; }
+  EngineStats Stats(int i) const { return engines_[i]->Stats(); }
+
+  // Runs `fn` on the driver thread (the only thread that may touch engines and the network).
+  void OnDriver(std::function<void()> fn) {
+    std::promise<void> done;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      queue_.push_back([&] {
+        fn();
+        done.set_value();
+      });
+    }
+    done.get_future().wait();
+  }
+  // kill -9 of daemon i: it vanishes from the network and is never polled again.
+  void Kill(int i, bool silent) {
+    OnDriver([&] {
+      net_.Kill(Addr(i), silent);
+      alive_[i] = false;
+    });
+  }
+  // A fresh daemon at the same address (a restart), with a new client socket.
+  void Restart(int i) {
+    OnDriver([&] {
+      engines_[i].reset();  // the killed endpoint leaves the network with it
+      AddEngine(i);
+    });
+  }
+  void ShutdownEngine(int i) {
+    OnDriver([&] { engines_[i]->Shutdown_st(); });
+  }
+
+  // Waits (up to `timeout`) until pred(stats of engine i) holds.
+  bool WaitFor(int i, const std::function<bool(const EngineStats&)>& pred,
+               std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    const auto end = Clock::now() + timeout;
+    while (Clock::now() < end) {
+      if (pred(Stats(i))) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return pred(Stats(i));
+  }
+
+ private:
+  void AddEngine(int i) {
+    EngineOptions o = base_;
+    o.sessions.socket_path =
+        absl::StrCat("/tmp/gl-engine-test-", ::getpid(), "-", tag_, "-", i, "-", generation_++, ".sock");
+    o.transport.listen_address = absl::StrCat("h", i);
+    o.transport.listen_port = 1;
+    auto e = FakeEngine::Create(o, [this](const transport::TransportOptions& to,
+                                          transport::TransportHandler* h) {
+      return FakeTransport::Create(to, h, &net_);
+    });
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (static_cast<int>(engines_.size()) <= i) {
+      engines_.resize(i + 1);
+      sockets_.resize(i + 1);
+      alive_.resize(i + 1, true);
+    }
+    engines_[i] = std::move(*e);
+    sockets_[i] = o.sessions.socket_path;
+    alive_[i] = true;
+  }
+
+  void Loop() {
+    while (!stop_.load()) {
+      std::deque<std::function<void()>> q;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        q.swap(queue_);
+      }
+      for (auto& f : q) f();
+      const sched::TimeNs now = SessionServer::MonotonicNow();
+      int work = 0;
+      for (size_t i = 0; i < engines_.size(); ++i) {
+        if (alive_[i] && engines_[i] != nullptr) work += engines_[i]->PollOnce_st(now);
+      }
+      if (work == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  EngineOptions base_;
+  std::string tag_;
+  int generation_ = 0;
+  FakeNetwork net_;
+  std::vector<std::unique_ptr<FakeEngine>> engines_;
+  std::vector<std::string> sockets_;
+  std::vector<bool> alive_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::deque<std::function<void()>> queue_;
+  std::thread driver_;
+};
+
+struct TensorDef {
+  std::string name;
+  uint64_t bytes;
+  gl_dtype dtype;
+  int32_t priority;
+};
+
+// Awkward sizes in every dtype: one element, one element past a partition boundary, a count
+// that is not a multiple of any vector width, several partitions; mixed given/auto priorities.
+std::vector<TensorDef> AwkwardTensors() {
+  return {
+      {"f32_one", 4, GL_DTYPE_F32, 3},
+      {"f16_one", 2, GL_DTYPE_F16, GL_PRIORITY_AUTO},
+      {"bf16_one", 2, GL_DTYPE_BF16, 0},
+      {"f32_past_boundary", kPartition + 4, GL_DTYPE_F32, 1},
+      {"f16_past_boundary", kPartition + 2, GL_DTYPE_F16, 2},
+      {"bf16_past_boundary", kPartition + 2, GL_DTYPE_BF16, GL_PRIORITY_AUTO},
+      {"f32_odd", 37 * 4, GL_DTYPE_F32, 5},
+      {"f16_odd", 37 * 2, GL_DTYPE_F16, 4},
+      {"bf16_odd", 1001 * 2, GL_DTYPE_BF16, 6},
+      {"f32_multi", 3 * kPartition + 12, GL_DTYPE_F32, GL_PRIORITY_AUTO},
+  };
+}
+
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A value whose magnitude varies over decades, so the order of additions shows in the bits.
+float Value(uint64_t seed, int rank, int64_t iter, size_t tensor, size_t i) {
+  const uint64_t h = SplitMix(seed ^ SplitMix(rank * 1000003ull + iter * 7919ull + tensor * 131ull + i));
+  const double unit = static_cast<double>(h >> 11) / static_cast<double>(1ull << 53) * 2 - 1;
+  const int exp = static_cast<int>((h >> 3) % 12) - 6;
+  return static_cast<float>(unit * std::ldexp(1.0, exp));
+}
+
+void Fill(const TensorDef& t, void* buf, uint64_t seed, int rank, int64_t iter, size_t ti) {
+  const size_t elem = t.dtype == GL_DTYPE_F32 ? 4 : 2;
+  for (size_t i = 0; i < t.bytes / elem; ++i) {
+    const float v = Value(seed, rank, iter, ti, i);
+    if (t.dtype == GL_DTYPE_F32) {
+      std::memcpy(static_cast<char*>(buf) + 4 * i, &v, 4);
+    } else {
+      const uint16_t h = t.dtype == GL_DTYPE_F16 ? ps::F32ToF16(v) : ps::F32ToBf16(v);
+      std::memcpy(static_cast<char*>(buf) + 2 * i, &h, 2);
+    }
+  }
+}
+
+// The reduction as the contract defines it, computed independently of the daemon.
+std::vector<uint8_t> Reference(const TensorDef& t, uint64_t seed, int world, int64_t iter,
+                               size_t ti, bool mean) {
+  const size_t elem = t.dtype == GL_DTYPE_F32 ? 4 : 2;
+  std::vector<uint8_t> out(t.bytes);
+  for (size_t i = 0; i < t.bytes / elem; ++i) {
+    float acc = 0;
+    for (int r = 0; r < world; ++r) {
+      float v = Value(seed, r, iter, ti, i);
+      if (t.dtype == GL_DTYPE_F16) v = ps::F16ToF32(ps::F32ToF16(v));
+      if (t.dtype == GL_DTYPE_BF16) v = ps::Bf16ToF32(ps::F32ToBf16(v));
+      acc = r == 0 ? v : acc + v;
+    }
+    if (mean) acc = acc / static_cast<float>(world);
+    if (t.dtype == GL_DTYPE_F32) {
+      std::memcpy(&out[4 * i], &acc, 4);
+    } else {
+      const uint16_t h = t.dtype == GL_DTYPE_F16 ? ps::F32ToF16(acc) : ps::F32ToBf16(acc);
+      std::memcpy(&out[2 * i], &h, 2);
+    }
+  }
+  return out;
+}
+
+struct JobSpec {
+  std::string job_id;
+  int world = 3;
+  std::string policy;
+  std::string token = "secret";
+  std::vector<TensorDef> tensors;
+  uint64_t seed = 1;
+};
+
+// One rank's client.
+class RankClient {
+ public:
+  ~RankClient() { Close(); }
+  void Close() {
+    if (c_ != nullptr) gl_close(c_);
+    c_ = nullptr;
+  }
+
+  int Setup(const std::string& socket, const JobSpec& job, int rank,
+            const std::string& token_override = "") {
+    gl_connect_options o{};
+    o.socket_path = socket.c_str();
+    o.arena_bytes = 4 << 20;
+    o.timeout_ms = 10000;
+    int s = gl_connect(&o, &c_);
+    if (s != GL_OK) return s;
+    std::vector<std::string> peers;
+    for (int r = 0; r < job.world; ++r) peers.push_back(Addr(r));
+    std::vector<const char*> pp;
+    for (auto& p : peers) pp.push_back(p.c_str());
+    const std::string token = token_override.empty() ? job.token : token_override;
+    gl_job_info info{};
+    info.job_id = job.job_id.c_str();
+    info.rank = rank;
+    info.world_size = job.world;
+    info.peers = pp.data();
+    info.num_peers = job.world;
+    info.policy = job.policy.empty() ? nullptr : job.policy.c_str();
+    info.auth_token = token.c_str();
+    s = gl_register_job(c_, &info);
+    if (s != GL_OK) return s;
+    for (const TensorDef& t : job.tensors) {
+      uint32_t id = 0;
+      void* buf = nullptr;
+      s = gl_register_tensor(c_, t.name.c_str(), t.bytes, t.dtype, t.priority, &id, &buf);
+      if (s != GL_OK) return s;
+      ids_.push_back(id);
+      bufs_.push_back(buf);
+    }
+    return GL_OK;
+  }
+
+  // Fills and posts tensors [first, last) of `iter`; the last multi-partition tensor is posted
+  // in two ranges split inside a partition. Returns the number of posts made.
+  int Post(const JobSpec& job, int rank, int64_t iter, size_t first, size_t last) {
+    int posts = 0;
+    for (size_t ti = first; ti < last; ++ti) {
+      const TensorDef& t = job.tensors[ti];
+      Fill(t, bufs_[ti], job.seed, rank, iter, ti);
+      const uint64_t elem = t.dtype == GL_DTYPE_F32 ? 4 : 2;
+      if (t.bytes >= 2 * kPartition) {
+        const uint64_t half = (t.bytes / elem / 2) * elem + elem;  // not partition-aligned
+        EXPECT_EQ(gl_post(c_, ids_[ti], iter, 0, half, ti), GL_OK);
+        EXPECT_EQ(gl_post(c_, ids_[ti], iter, half, GL_WHOLE_TENSOR, ti), GL_OK);
+        posts += 2;
+      } else {
+        EXPECT_EQ(gl_post(c_, ids_[ti], iter, 0, GL_WHOLE_TENSOR, ti), GL_OK);
+        posts += 1;
+      }
+    }
+    return posts;
+  }
+
+  // Waits for `n` completions; returns their statuses (fewer if the timeout passed).
+  std::vector<int> Wait(int n, int timeout_ms = 15000) {
+    std::vector<int> statuses;
+    const auto end = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (static_cast<int>(statuses.size()) < n && Clock::now() < end) {
+      gl_completion cs[64];
+      uint32_t count = 0;
+      const int s = gl_wait(c_, cs, 64, &count, 100);
+      if (s == GL_E_DISCONNECTED) break;
+      for (uint32_t k = 0; k < count; ++k) statuses.push_back(cs[k].status);
+    }
+    return statuses;
+  }
+
+  // One iteration of every tensor; checks each result bit for bit.
+  bool Iterate(const JobSpec& job, int rank, int64_t iter, bool mean) {
+    const int n = Post(job, rank, iter, 0, job.tensors.size());
+    const std::vector<int> st = Wait(n);
+    EXPECT_EQ(static_cast<int>(st.size()), n) << "rank " << rank << " iteration " << iter;
+    bool ok = static_cast<int>(st.size()) == n;
+    for (int s : st) {
+      EXPECT_EQ(s, GL_OK) << gl_strerror(s) << " rank " << rank << " iteration " << iter;
+      ok = ok && s == GL_OK;
+    }
+    if (!ok) return false;
+    for (size_t ti = 0; ti < job.tensors.size(); ++ti) {
+      const TensorDef& t = job.tensors[ti];
+      const auto want = Reference(t, job.seed, job.world, iter, ti, mean);
+      if (std::memcmp(want.data(), bufs_[ti], t.bytes) != 0) {
+        ADD_FAILURE() << "rank " << rank << " iteration " << iter << " tensor " << t.name
+                      << ": result differs from the rank-ordered reference";
+        ok = false;
+      }
+    }
+    return ok;
+  }
+
+  gl_client* c() { return c_; }
+
+ private:
+  gl_client* c_ = nullptr;
+  std::vector<uint32_t> ids_;
+  std::vector<void*> bufs_;
+};
+
+EngineOptions TestOptions(const std::string& policy = "bytescheduler") {
+  EngineOptions o;
+  o.default_policy = policy;
+  o.partition_bytes = kPartition;
+  o.transport.peer_timeout = 1 * sched::kSecond;
+  o.transport.connect_deadline = 10 * sched::kSecond;
+  o.sessions.control_interval = sched::kMillisecond;
+  return o;
+}
+
+// Runs `iterations` of `job` on the cluster, one client thread per rank.
+void RunJob(Cluster& cluster, const JobSpec& job, int iterations, bool mean) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < job.world; ++r) {
+    threads.emplace_back([&, r] {
+      RankClient c;
+      ASSERT_EQ(c.Setup(cluster.socket(r), job, r), GL_OK);
+      for (int64_t it = 0; it < iterations; ++it) {
+        if (!c.Iterate(job, r, it, mean)) break;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+class PolicyTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PolicyTest, ThreeRanksEveryDtypeAwkwardSizesBitExact) {
+  Cluster cluster(3, TestOptions(), "pol-" + GetParam());
+  JobSpec job{"job-" + GetParam(), 3, GetParam(), "secret", AwkwardTensors(), 42};
+  RunJob(cluster, job, 4, /*mean=*/false);
+  for (int i = 0; i < 3; ++i) {
+    const EngineStats s = cluster.Stats(i);
+    EXPECT_EQ(s.jobs_failed, 0u);
+    EXPECT_GT(s.rounds_reduced, 0u);
+    EXPECT_GT(s.segments_sent, 0u);
+    EXPECT_EQ(s.segments_rejected, 0u);
+  }
+  // The clients closed: every job and arena mapping is released.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(cluster.WaitFor(i, [](const EngineStats& s) {
+      return s.jobs_active == 0 && s.arena_aliases == 0;
+    }));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPolicies, PolicyTest,
+                         ::testing::Values("fifo", "p3", "bytescheduler", "prophet"));
+
+TEST(EngineTest, MeanIsBitExact) {
+  EngineOptions o = TestOptions();
+  o.reduce = ps::ReduceOp::kMean;
+  Cluster cluster(3, o, "mean");
+  JobSpec job{"job-mean", 3, "", "secret", AwkwardTensors(), 7};
+  RunJob(cluster, job, 2, /*mean=*/true);
+}
+
+TEST(EngineTest, SingleRankJobCompletesWithItsOwnGradient) {
+  Cluster cluster(1, TestOptions(), "w1");
+  JobSpec job{"job-w1", 1, "bytescheduler", "", AwkwardTensors(), 3};
+  RunJob(cluster, job, 3, /*mean=*/false);
+  EXPECT_EQ(cluster.Stats(0).segments_sent, 0u);
+  EXPECT_GT(cluster.Stats(0).rounds_reduced, 0u);
+}
+
+TEST(EngineTest, BytesSchedulerWithOnlineTuningStaysExact) {
+  EngineOptions o = TestOptions();
+  o.autotune = true;
+  o.autotune_iterations_per_trial = 1;
+  Cluster cluster(3, o, "tune");
+  JobSpec job{"job-tune", 3, "bytescheduler", "secret", AwkwardTensors(), 11};
+  RunJob(cluster, job, 8, /*mean=*/false);
+  EXPECT_GT(cluster.Stats(0).tuner_trials + cluster.Stats(1).tuner_trials +
+                cluster.Stats(2).tuner_trials,
+            0u);
+}
+
+TEST(EngineTest, TwoJobsAtOnceStayCorrect) {
+  Cluster cluster(3, TestOptions(), "two");
+  JobSpec a{"job-a", 3, "bytescheduler", "token-a", AwkwardTensors(), 100};
+  std::vector<TensorDef> other = {{"x", 5 * kPartition + 6, GL_DTYPE_F16, 0},
+                                  {"y", 123 * 4, GL_DTYPE_F32, 1}};
+  JobSpec b{"job-b", 3, "p3", "token-b", other, 200};
+  std::thread ta([&] { RunJob(cluster, a, 4, false); });
+  std::thread tb([&] { RunJob(cluster, b, 4, false); });
+  ta.join();
+  tb.join();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(cluster.Stats(i).jobs_failed, 0u);
+}
+
+// Iteration 0 runs on all ranks; then `fault` happens and ranks in `survivors` post iteration 1.
+// Returns, per survivor, the statuses of its iteration-1 posts and the time they took.
+struct SurvivorResult {
+  std::vector<int> statuses;
+  int expected = 0;
+  double seconds = 0;
+};
+
+TEST(EngineTest, ClientDeathMidIterationFailsPeersAndFreesResources) {
+  Cluster cluster(3, TestOptions(), "death");
+  JobSpec job{"job-death", 3, "bytescheduler", "secret", AwkwardTensors(), 5};
+  std::vector<SurvivorResult> res(3);
+  std::promise<void> iter0_done[3];
+  std::shared_future<void> all_iter0;
+  std::vector<std::thread> threads;
+  std::atomic<int> ready{0};
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      RankClient c;
+      ASSERT_EQ(c.Setup(cluster.socket(r), job, r), GL_OK);
+      ASSERT_TRUE(c.Iterate(job, r, 0, false));
+      ready.fetch_add(1);
+      while (ready.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (r == 1) {
+        // Dies with half of its gradients posted.
+        c.Post(job, r, 1, 0, job.tensors.size() / 2);
+        c.Close();
+        return;
+      }
+      const auto t0 = Clock::now();
+      res[r].expected = c.Post(job, r, 1, 0, job.tensors.size());
+      res[r].statuses = c.Wait(res[r].expected);
+      res[r].seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r : {0, 2}) {
+    EXPECT_EQ(static_cast<int>(res[r].statuses.size()), res[r].expected) << "rank " << r;
+    int errors = 0;
+    for (int s : res[r].statuses) errors += s != GL_OK;
+    EXPECT_GT(errors, 0) << "rank " << r;
+    EXPECT_LT(res[r].seconds, 5.0);
+  }
+  EXPECT_TRUE(cluster.WaitFor(1, [](const EngineStats& s) {
+    return s.jobs_active == 0 && s.arena_aliases == 0 && s.jobs_released == 1;
+  }));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(cluster.WaitFor(i, [](const EngineStats& s) { return s.jobs_active == 0; }));
+  }
+  // The daemons live on: a new job works.
+  JobSpec next{"job-after-death", 3, "p3", "secret", AwkwardTensors(), 6};
+  RunJob(cluster, next, 2, false);
+}
+
+void PeerDownCase(bool silent) {
+  Cluster cluster(3, TestOptions(), silent ? "silent" : "loud");
+  JobSpec job{silent ? "job-silent" : "job-loud", 3, "bytescheduler", "secret", AwkwardTensors(), 9};
+  std::vector<SurvivorResult> res(3);
+  std::atomic<int> ready{0};
+  std::atomic<bool> killed{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      RankClient c;
+      ASSERT_EQ(c.Setup(cluster.socket(r), job, r), GL_OK);
+      ASSERT_TRUE(c.Iterate(job, r, 0, false));
+      ready.fetch_add(1);
+      while (!killed.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (r == 2) return;  // its daemon is gone
+      const auto t0 = Clock::now();
+      res[r].expected = c.Post(job, r, 1, 0, job.tensors.size());
+      res[r].statuses = c.Wait(res[r].expected);
+      res[r].seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    });
+  }
+  while (ready.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  cluster.Kill(2, silent);
+  killed.store(true);
+  for (auto& t : threads) t.join();
+  for (int r : {0, 1}) {
+    EXPECT_EQ(static_cast<int>(res[r].statuses.size()), res[r].expected) << "rank " << r;
+    int errors = 0;
+    for (int s : res[r].statuses) errors += s != GL_OK;
+    EXPECT_GT(errors, 0) << "rank " << r;
+    // peer_timeout is 1 s: the loud kill is seen at once, the silent one by the timeout.
+    EXPECT_LT(res[r].seconds, 4.0) << "rank " << r;
+  }
+  for (int i : {0, 1}) {
+    EXPECT_TRUE(cluster.WaitFor(i, [](const EngineStats& s) {
+      return s.jobs_active == 0 && s.arena_aliases == 0;
+    }));
+  }
+  // The dead daemon restarts; a new job over all three works.
+  cluster.Restart(2);
+  JobSpec next{silent ? "job-silent-2" : "job-loud-2", 3, "prophet", "secret", AwkwardTensors(), 10};
+  RunJob(cluster, next, 2, false);
+}
+
+TEST(EngineTest, PeerDaemonKilledFailsPendingPostsThenRestartWorks) { PeerDownCase(false); }
+TEST(EngineTest, SilentPeerFailsWithinTheTimeoutThenRestartWorks) { PeerDownCase(true); }
+
+TEST(EngineTest, WrongTokenIsRejected) {
+  Cluster cluster(3, TestOptions(), "token");
+  JobSpec job{"job-token", 3, "bytescheduler", "right-token", AwkwardTensors(), 12};
+  std::vector<std::vector<int>> st(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      RankClient c;
+      ASSERT_EQ(c.Setup(cluster.socket(r), job, r, r == 1 ? "wrong-token" : ""), GL_OK);
+      const int n = c.Post(job, r, 0, 0, job.tensors.size());
+      st[r] = c.Wait(n);
+      EXPECT_EQ(static_cast<int>(st[r].size()), n);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    int errors = 0;
+    for (int s : st[r]) errors += s != GL_OK;
+    EXPECT_EQ(errors, static_cast<int>(st[r].size())) << "rank " << r;
+  }
+  ASSERT_FALSE(st[1].empty());
+  EXPECT_EQ(st[1][0], GL_E_PERMISSION);
+}
+
+TEST(EngineTest, TensorListMismatchIsAClearError) {
+  Cluster cluster(2, TestOptions(), "mismatch");
+  JobSpec job{"job-mismatch", 2, "bytescheduler", "secret", AwkwardTensors(), 13};
+  JobSpec other = job;
+  other.tensors[3].bytes += 4;  // rank 1 registers a different size
+  std::vector<std::vector<int>> st(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      RankClient c;
+      const JobSpec& mine = r == 1 ? other : job;
+      ASSERT_EQ(c.Setup(cluster.socket(r), mine, r), GL_OK);
+      const int n = c.Post(mine, r, 0, 0, mine.tensors.size());
+      st[r] = c.Wait(n);
+      EXPECT_EQ(static_cast<int>(st[r].size()), n);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_GT(cluster.Stats(0).manifest_mismatches + cluster.Stats(1).manifest_mismatches, 0u);
+  bool bad_tensor = false;
+  for (int r = 0; r < 2; ++r) {
+    for (int s : st[r]) {
+      EXPECT_NE(s, GL_OK);
+      bad_tensor = bad_tensor || s == GL_E_BAD_TENSOR;
+    }
+  }
+  EXPECT_TRUE(bad_tensor);
+}
+
+TEST(EngineTest, ShutdownFailsPendingPostsAndUnmaps) {
+  Cluster cluster(2, TestOptions(), "shutdown");
+  JobSpec job{"job-shutdown", 2, "bytescheduler", "secret", AwkwardTensors(), 14};
+  RankClient c;
+  ASSERT_EQ(c.Setup(cluster.socket(0), job, 0), GL_OK);
+  const int n = c.Post(job, 0, 0, 0, job.tensors.size());  // rank 1 never comes
+  ASSERT_TRUE(cluster.WaitFor(0, [](const EngineStats& s) { return s.jobs_active == 1; }));
+  cluster.ShutdownEngine(0);
+  // Every post ends in an error completion, or the session is closed under the client.
+  std::vector<int> st = c.Wait(n, 5000);
+  for (int s : st) EXPECT_NE(s, GL_OK);
+  EXPECT_EQ(cluster.Stats(0).arena_aliases, 0u);
+  EXPECT_EQ(cluster.Stats(0).jobs_active, 0u);
+  gl_completion cs[4];
+  uint32_t count = 0;
+  EXPECT_EQ(gl_wait(c.c(), cs, 4, &count, 2000), GL_E_DISCONNECTED);
+}
+
+TEST(EngineTest, PostsBeforeTheJobAndOfLateTensorsAreRefused) {
+  Cluster cluster(1, TestOptions(), "late");
+  JobSpec job{"job-late", 1, "fifo", "", {{"a", 64, GL_DTYPE_F32, 0}}, 15};
+  RankClient c;
+  ASSERT_EQ(c.Setup(cluster.socket(0), job, 0), GL_OK);
+  ASSERT_TRUE(c.Iterate(job, 0, 0, false));
+  // A tensor registered after the first post is outside the frozen job.
+  uint32_t id = 0;
+  void* buf = nullptr;
+  ASSERT_EQ(gl_register_tensor(c.c(), "late", 64, GL_DTYPE_F32, 0, &id, &buf), GL_OK);
+  ASSERT_EQ(gl_post(c.c(), id, 0, 0, GL_WHOLE_TENSOR, 0), GL_OK);
+  std::vector<int> st = c.Wait(1);
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_EQ(st[0], GL_E_BAD_TENSOR);
+}
+
+}  // namespace
+}  // namespace gradlane::daemon
