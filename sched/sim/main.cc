@@ -6,15 +6,14 @@
 //
 // Exit codes: 0 success; 2 bad input (flags, profile file, a policy's knobs) with a message on
 // stderr; 1 a simulation failure (a policy broke the Policy contract or stalled).
+#include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <optional>
 #include <sstream>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -27,9 +26,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
 #include "sched/dag.h"
 #include "sched/model_profile.h"
 #include "sched/policy.h"
@@ -212,10 +212,6 @@ absl::StatusOr<std::vector<Priority>> LayerPriorities(const ModelProfile& profil
   for (size_t k = 0; k < tensors.size(); ++k) per_layer[tensors[k].id] = (*assigned)[k];
   return per_layer;
 }
-
-struct Row {
-  sim::SimResult result;
-};
 
 std::string Fixed(double v, int digits) {
   if (!std::isfinite(v)) return "";
