@@ -80,7 +80,7 @@ daemon_goodput() {
       END { ms = s / n; printf "%.3f %.1f\n", b * 8 / (ms / 1e3) / 1e9, ms }'
 }
 
-for i in 0 1; do gl_daemon_start "$i" --peer_timeout=10s; done
+for i in 0 1; do gl_daemon_start "$i" --peer_timeout=10s --max_arena_bytes=$((bytes + (64 << 20))); done
 printf "%-10s %-14s %10s %12s %12s %12s %8s %8s\n" link policy "ms/reduce" "gradlane" \
   "iperf3 bidir" "iperf3 1-way" ratio "ratio-1way"
 for rate in "${rates[@]}"; do

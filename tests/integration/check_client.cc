@@ -322,6 +322,7 @@ struct Options {
   int64_t stall_at = -1;
   bool expect_failure = false;
   bool quiet = false;
+  int64_t linger_ms = 0;
 };
 
 void Usage() {
@@ -634,6 +635,9 @@ int Checker::Run() {
     return rc;
   }
   --iter_;
+  // Diagnosis only: keep the session open a while after the last completion (a daemon must
+  // not need this; the tests never pass it).
+  if (o_.linger_ms > 0) ::usleep(static_cast<useconds_t>(o_.linger_ms) * 1000);
   gl_close(client_);
   if (o_.expect_failure) {
     return Fail("expected a failure, but all %" PRId64 " iterations completed", o_.iterations);
@@ -655,7 +659,7 @@ int main(int argc, char** argv) {
   Flags f;
   std::vector<std::string> known = gradlane::testing::JobFlagNames();
   known.insert(known.end(),
-               {"iterations", "seed", "sizes", "dtypes", "big_mb", "reduce", "stall_at"});
+               {"iterations", "seed", "sizes", "dtypes", "big_mb", "reduce", "stall_at", "linger_ms"});
   if (!f.Parse(argc, argv, known, {"expect_failure", "quiet", "self_test"})) {
     Usage();
     return 2;
@@ -675,6 +679,7 @@ int main(int argc, char** argv) {
   o.seed = static_cast<uint64_t>(f.Int("seed", 1, &ok));
   o.big_mb = static_cast<uint64_t>(f.Int("big_mb", 0, &ok));
   o.stall_at = f.Int("stall_at", -1, &ok);
+  o.linger_ms = f.Int("linger_ms", 0, &ok);
   o.expect_failure = f.Bool("expect_failure");
   o.quiet = f.Bool("quiet");
   const std::string reduce = f.Str("reduce", "sum");

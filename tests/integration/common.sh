@@ -8,7 +8,8 @@
 #   it_job_wait NAME TIMEOUT_S [RANKS]
 #                             wait for every rank (one shared deadline); 0 only if all exited 0
 #   it_fail MSG               print the message and exit 1
-# Variables: GL_CHECK, IT_TOKEN (the token jobs use), IT_CLIENT_TIMEOUT_MS.
+# Variables: GL_CHECK, IT_TOKEN (the token jobs use), IT_CLIENT_TIMEOUT_MS, IT_CHECK_EXTRA
+# (diagnosis only: extra gradlane-check flags for every client, e.g. --linger_ms=500).
 
 IT_TOKEN=""
 IT_CLIENT_TIMEOUT_MS=${IT_CLIENT_TIMEOUT_MS:-30000}
@@ -48,7 +49,8 @@ it_job_start() {
   for r in $ranks; do
     gl_bg "$r" "$name.r$r" "$GL_CHECK" --socket="${GL_SOCK[r]}" --job="$name" --rank="$r" \
       --world="$GL_W" --peers="$peers" --policy="$policy" --token="$IT_TOKEN" \
-      --iterations="$iters" --seed="$seed" --timeout_ms="$IT_CLIENT_TIMEOUT_MS" "$@"
+      --iterations="$iters" --seed="$seed" --timeout_ms="$IT_CLIENT_TIMEOUT_MS" "$@" \
+      ${IT_CHECK_EXTRA:-}
   done
 }
 

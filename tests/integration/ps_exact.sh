@@ -4,20 +4,25 @@
 # tensors of every dtype with awkward sizes, posted whole and in byte ranges, and every result
 # must equal, bit for bit, the rank-ordered f32 sum (f16/bf16 rounded once). Then the same with
 # daemons started with --reduce=mean (5 iterations).
-#   ps_exact.sh GRADLANED GRADLANE-CHECK      env: IT_ITERATIONS (50), IT_BIG_MB (0: off)
+#   ps_exact.sh GRADLANED GRADLANE-CHECK
+#   env: IT_ITERATIONS (50), IT_BIG_MB (0: off; else one more tensor of that many MiB + 1
+#        element per dtype), IT_POLICIES ("fifo p3 bytescheduler prophet")
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/netns.sh"
 source "$here/common.sh"
 it_init "$@"
 iters=${IT_ITERATIONS:-50}
-big=()
-[[ -n ${IT_BIG_MB:-} && ${IT_BIG_MB:-0} != 0 ]] && big=(--big_mb="$IT_BIG_MB")
+big=() dflags=()
+if [[ -n ${IT_BIG_MB:-} && ${IT_BIG_MB:-0} != 0 ]]; then
+  big=(--big_mb="$IT_BIG_MB")
+  dflags=(--max_arena_bytes=$(((4 * IT_BIG_MB + 64) << 20)))
+fi
 
 gl_env_init 3
-for i in 0 1 2; do gl_daemon_start "$i" --reduce=sum --peer_timeout=10s; done
+for i in 0 1 2; do gl_daemon_start "$i" --reduce=sum --peer_timeout=10s "${dflags[@]}"; done
 seed=100
-for policy in fifo p3 bytescheduler prophet; do
+for policy in ${IT_POLICIES:-fifo p3 bytescheduler prophet}; do
   seed=$((seed + 1))
   t0=$SECONDS
   it_job_start "exact-$policy" "$policy" "$iters" "$seed" -- --quiet "${big[@]}"
