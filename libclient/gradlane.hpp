@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "libclient/gradlane.h"
+#include "gradlane.h"  // same directory, in the tree and once installed
 
 namespace gradlane {
 

@@ -63,6 +63,7 @@ struct SharedRing {
     if (!a.ok()) std::abort();
     arena = std::move(*a);
     header = static_cast<gl_ring_header*>(arena.At(kPageSize, sizeof(gl_ring_header)));
+    if (header == nullptr) std::abort();
     slots_ptr = reinterpret_cast<gl_sqe*>(header + 1);
     InitRing(header, slots_ptr, n);
     efd = std::move(*CreateEventFd());

@@ -29,9 +29,10 @@ uint64_t EnvOr(const char* name, uint64_t dflt) {
 struct SharedRing {
   explicit SharedRing(uint32_t slots, uint64_t extra_bytes = 0) : n(slots) {
     auto a = Arena::Create("stress", kPageSize + RingBytes<gl_sqe>(slots) + extra_bytes);
-    EXPECT_TRUE(a.ok());
+    if (!a.ok()) std::abort();
     arena = std::move(*a);
     header = static_cast<gl_ring_header*>(arena.At(kPageSize, sizeof(gl_ring_header)));
+    if (header == nullptr) std::abort();
     slots_ptr = reinterpret_cast<gl_sqe*>(header + 1);
     InitRing(header, slots_ptr, n);
     auto fd = CreateEventFd();
