@@ -212,6 +212,12 @@ void SessionServer::AcceptAll(sched::TimeNs now) {
   for (;;) {
     const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN, or a transient error: the listener stays readable if not
+    if (pending_.size() >= options_.max_pending) {
+      // Someone is opening connections without saying hello: do not let them pile up.
+      ::close(fd);
+      ++totals_.handshakes_rejected;
+      continue;
+    }
     auto p = std::make_unique<Pending>();
     p->token = next_id_++;
     p->socket.Reset(fd);

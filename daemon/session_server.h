@@ -54,6 +54,7 @@ struct SessionServerOptions {
   uint32_t default_ring_slots = 1024;
   uint32_t max_ring_slots = 1u << 16;
   uint32_t max_sessions = 256;
+  uint32_t max_pending = 64;  // connections still owing their hello; more are closed at once
   sched::TimeNs control_interval = sched::kMillisecond;
   sched::TimeNs handshake_timeout = 5 * sched::kSecond;
   uint32_t poll_budget = 256;  // submissions taken per session per PollOnce

@@ -346,6 +346,30 @@ TEST(Handshake, WrongAbiVersionIsRefusedClearlyThenClosed) {
   EXPECT_STREQ(gl_strerror(GL_E_BAD_VERSION), "ABI version mismatch between client and daemon");
 }
 
+TEST(Handshake, SilentConnectionsTimeOutAndAreCapped) {
+  SessionServerOptions o;
+  o.handshake_timeout = 50 * sched::kMillisecond;
+  o.max_pending = 2;
+  ServerEnv env(o);
+  std::vector<shm::UniqueFd> silent;
+  for (int i = 0; i < 3; ++i) {
+    auto s = shm::ConnectUnix(env.path());
+    ASSERT_TRUE(s.ok());
+    silent.push_back(std::move(*s));
+  }
+  // All three are closed by the daemon: the third at once (cap), the others at the deadline.
+  for (auto& s : silent) {
+    ASSERT_TRUE(shm::WaitReadable(s.get(), 2000).ok());
+    char b;
+    auto rx = shm::ReceiveMessage(s.get(), &b, 1);
+    ASSERT_TRUE(rx.ok());
+    EXPECT_TRUE(rx->eof);
+  }
+  // The daemon still serves a well-behaved client.
+  ClientPtr c = Connect(env);
+  EXPECT_TRUE(c);
+}
+
 TEST(Handshake, ConnectToMissingSocketFailsReadably) {
   gl_connect_options o{};
   o.socket_path = "/tmp/gradlane-no-such-dir/gradlaned.sock";
