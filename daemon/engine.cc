@@ -35,6 +35,7 @@ namespace {
 // Cookies: which job (slot + 12 bits of generation) a send or receive belongs to, and for
 // sends the direction and the dispatch record. 12 bits of slot bound the jobs per daemon.
 constexpr uint32_t kMaxJobs = 4096;
+constexpr uint64_t kCookieLeave = 1ull << 37;
 constexpr uint64_t kCookieManifest = 1ull << 38;
 constexpr uint64_t kCookiePull = 1ull << 39;
 constexpr uint32_t kNoDispatch = 0xFFFFFFFFu;
@@ -205,6 +206,7 @@ void Engine<T>::Housekeeping_st(TimeNs now) {
     if (jp == nullptr) continue;
     Job& job = *jp;
     if (server_->FindSession(job.session_id) == nullptr) {
+      if (!EndJob_st(job, now)) continue;  // still draining or leaving
       FailJob_st(job, GL_E_DISCONNECTED, absl::StrCat("job ", job.info.job_id,
                                                       ": client session closed"));
       ReleaseJob_st(job);
@@ -219,7 +221,7 @@ void Engine<T>::Housekeeping_st(TimeNs now) {
       if (job.failed) break;
     }
     if (job.failed) continue;
-    if (job.peers_up + 1 < job.world &&
+    if (!job.all_up &&
         now - job.connect_started > options_.transport.connect_deadline) {
       FailJob_st(job, GL_E_TIMEOUT,
                  absl::StrCat("job ", job.info.job_id, ": peers not all up within the connect "
@@ -236,6 +238,42 @@ void Engine<T>::Housekeeping_st(TimeNs now) {
 }
 
 // ---------------------------------------------------------------------- job lifecycle ----
+
+template <class T>
+bool Engine<T>::EndJob_st(Job& job, TimeNs now) {
+  if (job.failed || job.posts_pending > 0 || job.world == 1) return true;
+  if (job.phase == Job::Phase::kActive) {
+    job.phase = Job::Phase::kDraining;
+    job.drain_deadline = now + std::max<TimeNs>(options_.transport.peer_timeout, sched::kSecond);
+  }
+  if (job.phase == Job::Phase::kDraining) {
+    bool busy = job.policy != nullptr &&
+                (job.policy->queued_segments() > 0 || job.policy->credit_in_use() > 0);
+    for (const OwnedPart& o : job.owned) busy = busy || o.pulls_pending > 0;
+    if (busy && now < job.drain_deadline) return false;
+    for (const OwnedPart& o : job.owned) {
+      if (!o.reduced) {
+        // Peers contributed to a round this rank never will: they must fail, not wait.
+        FailJob_st(job, GL_E_DISCONNECTED,
+                   absl::StrCat("job ", job.info.job_id, ": client left in the middle of "
+                                "iteration ", o.round));
+        return true;
+      }
+    }
+    job.phase = Job::Phase::kLeaving;
+    for (uint16_t r = 0; r < job.world; ++r) {
+      JobPeer& p = job.peers[r];
+      if (r == job.rank || p.out == transport::kNoPeer || p.state != PeerState::kUp) continue;
+      transport::SendSpec spec;
+      spec.key = kLeaveKey;
+      spec.length = kLeaveBytes;
+      spec.region = job.manifest_region;
+      spec.cookie = MakeCookie(job.slot, job.generation, kCookieLeave, kNoDispatch);
+      if (transport_->PostSend_st(p.out, spec).ok()) ++job.leave_acks_pending;
+    }
+  }
+  return job.leave_acks_pending == 0 || now >= job.drain_deadline;
+}
 
 template <class T>
 Job* Engine<T>::ActivateJob_st(Session& session, TimeNs now) {
@@ -615,7 +653,7 @@ bool Engine<T>::ShardAccept_st(Job& job, OwnedPart& o, uint32_t rank, int64_t it
   uint64_t* got = &job.owned_got[static_cast<size_t>(&o - job.owned.data()) * job.world];
   if (o.round != iteration || o.reduced) {
     // A new round may start only after the previous one was reduced.
-    if (iteration <= o.round || !o.reduced) return false;
+    if (iteration <= o.round || !o.reduced || job.any_left) return false;
     o.round = iteration;
     o.reduced = false;
     o.ranks_complete = 0;
@@ -684,7 +722,7 @@ void Engine<T>::TryReduce_st(Job& job, OwnedPart& o) {
 
 template <class T>
 int Engine<T>::RunPolicy_st(Job& job, TimeNs now) {
-  if (job.peers_up + 1 < job.world) return 0;  // nothing goes before every peer is up
+  if (!job.all_up && job.world > 1) return 0;  // nothing goes before every peer is up
   int work = 0;
   while (!job.failed && job.policy != nullptr && job.policy->NextDispatch(now, job.dispatch)) {
     ++work;
@@ -730,6 +768,11 @@ int Engine<T>::RunPolicy_st(Job& job, TimeNs now) {
         spec.cookie = MakeCookie(job.slot, job.generation, kCookiePull, d);
       }
       JobPeer& peer = job.peers[seg.peer];
+      if (peer.left || peer.out == transport::kNoPeer) {
+        FailJob_st(job, GL_E_DISCONNECTED, absl::StrCat("job ", job.info.job_id, ": rank ",
+                                                        seg.peer, " left the job"));
+        return work;
+      }
       absl::Status s = transport_->PostSend_st(peer.out, spec);
       if (!s.ok()) {
         FailJob_st(job, StatusFor(s), absl::StrCat("job ", job.info.job_id, ": send to rank ",
@@ -811,6 +854,7 @@ void Engine<T>::OnPeerUp_st(const transport::PeerInfo& peer) {
   p.state = PeerState::kUp;
   p.ever_up = true;
   ++job->peers_up;
+  if (job->peers_up + 1u == job->world) job->all_up = true;
   // The manifest is the first frame on the connection, so the peer checks it before any data.
   transport::SendSpec spec;
   spec.key = kManifestKey;
@@ -836,6 +880,7 @@ void Engine<T>::OnPeerDown_st(const transport::PeerInfo& peer, const absl::Statu
     p.out = transport::kNoPeer;
     p.state = PeerState::kDown;
     if (was_up) --job->peers_up;
+    if (p.left) return;  // it said goodbye to the job first: not a failure
     if (!p.ever_up && absl::IsNotFound(why) &&
         now - job->connect_started < options_.transport.connect_deadline) {
       // The peer's client has not posted yet, so its daemon does not know the job: redial.
@@ -853,6 +898,7 @@ void Engine<T>::OnPeerDown_st(const transport::PeerInfo& peer, const absl::Statu
   // An inbound connection that had come up: the peer's daemon closed its side of the job.
   Job* job = JobByWire(peer.job_id);
   if (job == nullptr || job->failed) return;
+  if (peer.rank < job->world && job->peers[peer.rank].left) return;
   FailJob_st(*job, StatusFor(why),
              absl::StrCat("job ", job->info.job_id, ": connection from rank ", peer.rank,
                           " lost: ", why.message()));
@@ -865,12 +911,16 @@ void Engine<T>::OnSendAcked_st(const transport::SendCompletion& send, TimeNs now
   auto it = out_handles_.find(send.peer);
   if (it != out_handles_.end()) {
     JobPeer& p = job->peers[it->second.rank];
-    if ((send.cookie & kCookieManifest) == 0 && p.send_head < p.send_tail) {
+    if ((send.cookie & (kCookieManifest | kCookieLeave)) == 0 && p.send_head < p.send_tail) {
       const TimeNs sent = p.send_times[p.send_head++ % p.send_times.size()];
       job->estimator.OnAck(send.length, sent, now);
     }
   }
   if ((send.cookie & kCookieManifest) != 0) return;
+  if ((send.cookie & kCookieLeave) != 0) {
+    if (job->leave_acks_pending > 0) --job->leave_acks_pending;
+    return;
+  }
   if ((send.cookie & kCookiePull) != 0) {
     if (Part* p = PartAt(*job, sched::KeyTensor(send.key), send.offset); p && p->owned >= 0) {
       OwnedPart& o = job->owned[p->owned];
@@ -886,6 +936,10 @@ template <class T>
 void Engine<T>::OnSendFailed_st(const transport::SendCompletion& send, const absl::Status& why) {
   Job* job = JobFromCookie(send.cookie);
   if (job == nullptr || job->failed) return;
+  if ((send.cookie & kCookieLeave) != 0) {
+    if (job->leave_acks_pending > 0) --job->leave_acks_pending;
+    return;
+  }
   FailJob_st(*job, absl::IsFailedPrecondition(why) ? GL_E_PROTOCOL : StatusFor(why),
              absl::StrCat("job ", job->info.job_id, ": segment (tensor ",
                           sched::KeyTensor(send.key), ", offset ", send.offset,
@@ -905,8 +959,14 @@ RecvTarget Engine<T>::ResolveRecv_st(const transport::PeerInfo& peer,
   if (job == nullptr || job->failed || r >= job->world || r == job->rank) return reject();
   const uint64_t cookie = MakeCookie(job->slot, job->generation, 0, 0);
   const uint32_t tid = sched::KeyTensor(h.key);
+  if (h.key == kLeaveKey) {
+    if (h.length != kLeaveBytes || !job->peers[r].manifest_ok) return reject();
+    return RecvTarget::Into(job->manifest_in_region, uint64_t{r} * kManifestBytes, cookie);
+  }
   if (tid == kManifestTensorId) {
-    if (h.length != kManifestBytes || job->peers[r].manifest_ok) return reject();
+    if (h.key != kManifestKey || h.length != kManifestBytes || job->peers[r].manifest_ok) {
+      return reject();
+    }
     return RecvTarget::Into(job->manifest_in_region, uint64_t{r} * kManifestBytes, cookie);
   }
   if (!job->peers[r].manifest_ok || h.length == 0) return reject();
@@ -944,6 +1004,20 @@ void Engine<T>::OnRecvDone_st(const transport::PeerInfo& peer, const transport::
   ++job->segments_received;
   counters_.segments_received.Add_st(1);
   const uint32_t tid = sched::KeyTensor(h.key);
+  if (h.key == kLeaveKey) {
+    job->peers[r].left = true;
+    job->any_left = true;
+    for (size_t k = 0; k < job->owned.size(); ++k) {
+      const OwnedPart& o = job->owned[k];
+      if (!o.reduced && job->owned_got[k * job->world + r] < job->parts[o.part].length) {
+        FailJob_st(*job, GL_E_DISCONNECTED,
+                   absl::StrCat("job ", job->info.job_id, ": rank ", r, " left the job without "
+                                "contributing to iteration ", o.round));
+        return;
+      }
+    }
+    return;
+  }
   if (tid == kManifestTensorId) {
     const ManifestBody& m = job->manifest_in[r];
     if (m.magic == kManifestMagic && m.fingerprint == job->fingerprint &&

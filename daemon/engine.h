@@ -141,6 +141,8 @@ class Engine final : public PostSink, public transport::TransportHandler {
   Job* ActivateJob_st(Session& session, sched::TimeNs now);
   JobError SetUpJob_st(Session& session, Job& job, sched::TimeNs now);
   void ConnectPeer_st(Job& job, uint16_t rank, sched::TimeNs now);
+  // The client closed: drain what the shard owes peers, tell them we leave; true when done.
+  bool EndJob_st(Job& job, sched::TimeNs now);
   void FailJob_st(Job& job, gl_status status, const std::string& reason);
   void ReleaseJob_st(Job& job);
   void Housekeeping_st(sched::TimeNs now);

@@ -45,6 +45,10 @@ namespace gradlane::daemon {
 // have it: session tensor ids are dense and bounded by the arena).
 inline constexpr uint32_t kManifestTensorId = 0xFFFFFFFFu;
 inline constexpr sched::SegmentKey kManifestKey = sched::MakeKey(kManifestTensorId, 0);
+// Sent by a rank whose client closed cleanly, once its shard has sent every pull response: the
+// peers then take the coming connection loss as a departure, not a crash.
+inline constexpr sched::SegmentKey kLeaveKey = sched::MakeKey(kManifestTensorId, 1);
+inline constexpr uint64_t kLeaveBytes = 8;
 inline constexpr uint64_t kManifestMagic = 0x54534E414D4C47ull;  // "GLMANST"
 
 struct ManifestBody {
@@ -121,6 +125,7 @@ struct JobPeer {
   PeerState state = PeerState::kConnecting;
   bool ever_up = false;      // the outbound connection came up once
   bool manifest_ok = false;  // its manifest arrived and matched ours
+  bool left = false;         // its client closed cleanly after its last iteration
   int connect_attempts = 0;
   sched::TimeNs retry_at = 0;  // > 0: redial at this time (peer did not know the job yet)
   // Send times of unacknowledged frames, in send order (acks come back in that order), for the
@@ -147,6 +152,13 @@ struct Job {
   uint16_t world = 1;
   std::string policy_name;
   ps::ReduceOp reduce = ps::ReduceOp::kSum;
+
+  // Ending: the client closed with nothing pending. Draining: our shard still owes peers pull
+  // responses. Leaving: leave frames sent, waiting for their acks.
+  enum class Phase : uint8_t { kActive, kDraining, kLeaving } phase = Phase::kActive;
+  sched::TimeNs drain_deadline = 0;
+  uint32_t leave_acks_pending = 0;
+  bool any_left = false;
 
   // Failure: once set, every post is answered with `fail_status` and nothing is sent.
   bool failed = false;
@@ -190,6 +202,7 @@ struct Job {
   // know the job yet would fail.
   std::vector<JobPeer> peers;
   uint32_t peers_up = 0;
+  bool all_up = false;  // every peer was up at once (dispatch may start)
   sched::TimeNs connect_started = 0;
 
   // Posts.
