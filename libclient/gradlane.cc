@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -38,7 +39,8 @@ struct gl_client {
   uint64_t session_id = 0;
   int timeout_ms = 10000;
   uint64_t next_request = 1;
-  bool disconnected = false;
+  // Written by the thread in gl_wait, read by a thread posting concurrently.
+  std::atomic<bool> disconnected{false};
   int disconnect_status = GL_E_DISCONNECTED;
   std::string last_error;
   std::vector<uint64_t> tensor_bytes;  // by tensor id, for GL_WHOLE_TENSOR

@@ -200,6 +200,39 @@ TEST(Session, PipelinedPostsCompleteInOrderNoneLost) {
   EXPECT_TRUE(env.WaitFor([](const SessionServerStats& s) { return s.completions == kPosts; }));
 }
 
+TEST(Session, OneThreadPostsAnotherWaits) {
+  ServerEnv env;
+  ClientPtr c = Connect(env, 64);
+  ASSERT_EQ(RegisterJob(c.get()), GL_OK);
+  uint32_t id;
+  void* buf;
+  ASSERT_EQ(gl_register_tensor(c.get(), "t", 64, GL_DTYPE_F32, 0, &id, &buf), GL_OK);
+  constexpr uint64_t kPosts = 100'000;
+  std::thread poster([&] {
+    for (uint64_t i = 0; i < kPosts;) {
+      const int s = gl_post(c.get(), id, 0, 0, 64, i);
+      if (s == GL_OK) {
+        ++i;
+      } else if (s == GL_E_AGAIN) {
+        std::this_thread::yield();
+      } else {
+        ADD_FAILURE() << gl_strerror(s);
+        return;
+      }
+    }
+  });
+  uint64_t next = 0, bad = 0;
+  gl_completion out[32];
+  while (next < kPosts) {
+    uint32_t n = 0;
+    const int s = gl_wait(c.get(), out, 32, &n, 5000);
+    ASSERT_EQ(s, GL_OK) << "at " << next;
+    for (uint32_t k = 0; k < n; ++k) bad += out[k].user_data != next++ || out[k].status != GL_OK;
+  }
+  poster.join();
+  EXPECT_EQ(bad, 0u);
+}
+
 TEST(Session, SleepingDaemonAndClientWakeEachOther) {
   ServerEnv env;
   ClientPtr c = Connect(env);
