@@ -198,11 +198,20 @@ uint64_t Hash(uint64_t a, uint64_t b, uint64_t c = 0, uint64_t d = 0, uint64_t e
 
 constexpr uint64_t kNoRank = 0xffffffffull;
 
-// Element `i` of rank `r`'s contribution, as raw bits of the dtype. `col` is the rank-independent
-// hash of (seed, iteration, tensor, i): one element in 512 is a "special column" where every
-// rank draws from {±0, ±inf, NaN, extreme values}, so signed-zero and inf/NaN sums really occur.
-uint32_t ElementBits(gl_dtype dt, uint64_t r, uint64_t col) {
-  const bool special = (col & 511u) == 0;
+// A number in [0, n) from the high 32 bits of r (multiply-shift: no division).
+inline uint32_t Below(uint64_t r, uint32_t n) {
+  return static_cast<uint32_t>(((r >> 32) * n) >> 32);
+}
+
+// Whether element i is a "special column" (1 in 512, the same for every rank).
+inline bool SpecialColumn(uint64_t col_base, uint64_t i) {
+  return ((col_base + i * 0x9E3779B97F4A7C15ull) >> 55) == 0;
+}
+
+// Element `i` of rank `r`'s contribution, as raw bits of the dtype, from the random word `r`.
+// `special` marks a "special column" (the same elements for every rank, see SpecialColumn): there
+// every rank draws from {±0, ±inf, NaN, extreme values}, so signed-zero and inf/NaN sums occur.
+inline uint32_t ElementBits(gl_dtype dt, uint64_t r, bool special) {
   const uint32_t sign = static_cast<uint32_t>(r >> 63);
   const uint32_t pick = static_cast<uint32_t>((r >> 40) & 7u);
   switch (dt) {
@@ -214,7 +223,7 @@ uint32_t ElementBits(gl_dtype dt, uint64_t r, uint64_t col) {
         return s[pick];
       }
       if ((r & 0xff) == 1) return (sign << 31) | (static_cast<uint32_t>(r >> 8) & 0x7fffffu);
-      const uint32_t exp = 127u + static_cast<uint32_t>((r >> 32) % 49u) - 24u;
+      const uint32_t exp = 127u + static_cast<uint32_t>(Below(r, 49)) - 24u;
       return (sign << 31) | (exp << 23) | (static_cast<uint32_t>(r) & 0x7fffffu);
     }
     case GL_DTYPE_F16: {
@@ -224,7 +233,7 @@ uint32_t ElementBits(gl_dtype dt, uint64_t r, uint64_t col) {
         return s[pick];
       }
       if ((r & 0x3f) == 1) return (sign << 15) | (static_cast<uint32_t>(r >> 8) & 0x3ffu);
-      const uint32_t exp = 1u + static_cast<uint32_t>((r >> 32) % 30u);  // 1..30: all normals
+      const uint32_t exp = 1u + static_cast<uint32_t>(Below(r, 30));  // 1..30: all normals
       return (sign << 15) | (exp << 10) | (static_cast<uint32_t>(r) & 0x3ffu);
     }
     case GL_DTYPE_BF16: {
@@ -233,14 +242,14 @@ uint32_t ElementBits(gl_dtype dt, uint64_t r, uint64_t col) {
                                0x7f81u | (static_cast<uint32_t>(r) & 0x3fu), 0x0001, 0x7f7f};
         return s[pick];
       }
-      const uint32_t exp = 127u + static_cast<uint32_t>((r >> 32) % 61u) - 30u;
+      const uint32_t exp = 127u + static_cast<uint32_t>(Below(r, 61)) - 30u;
       return (sign << 15) | (exp << 7) | (static_cast<uint32_t>(r) & 0x7fu);
     }
   }
   return 0;
 }
 
-float Widen(gl_dtype dt, uint32_t bits) {
+inline float Widen(gl_dtype dt, uint32_t bits) {
   switch (dt) {
     case GL_DTYPE_F32: return BitsToF32(bits);
     case GL_DTYPE_F16: return HalfToF32(static_cast<uint16_t>(bits));
@@ -249,7 +258,7 @@ float Widen(gl_dtype dt, uint32_t bits) {
   return 0;
 }
 
-uint32_t Narrow(gl_dtype dt, float f) {
+inline uint32_t Narrow(gl_dtype dt, float f) {
   if (std::isnan(f)) {
     return dt == GL_DTYPE_F32 ? 0x7fc00000u : dt == GL_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
   }
@@ -266,7 +275,7 @@ const char* DtypeName(gl_dtype dt) {
   return dt == GL_DTYPE_F32 ? "f32" : dt == GL_DTYPE_F16 ? "f16" : "bf16";
 }
 
-void StoreBits(std::byte* p, gl_dtype dt, uint64_t i, uint32_t bits) {
+inline void StoreBits(std::byte* p, gl_dtype dt, uint64_t i, uint32_t bits) {
   if (dt == GL_DTYPE_F32) {
     std::memcpy(p + 4 * i, &bits, 4);
   } else {
@@ -355,6 +364,7 @@ class Checker {
   int64_t iter_ = 0;
   uint64_t posts_ = 0, completions_ = 0, checked_bytes_ = 0;
   bool observed_failure_ = false;
+  int64_t fill_ns_ = 0;  // time spent generating data and references (not the daemons')
 };
 
 int Checker::Fail(const char* fmt, ...) {
@@ -405,6 +415,25 @@ void Checker::BuildTensorList() {
   }
 }
 
+// The per-element work, instantiated per dtype so the dtype switches fold away.
+template <gl_dtype DT>
+void FillT(std::byte* own, std::byte* expected, uint64_t elems, const uint64_t* base, uint32_t W,
+           uint32_t rank, uint64_t col_base, bool mean) {
+  const float wf = static_cast<float>(W);
+  for (uint64_t i = 0; i < elems; ++i) {
+    const bool special = SpecialColumn(col_base, i);
+    float acc = 0;
+    for (uint32_t r = 0; r < W; ++r) {
+      const uint32_t bits = ElementBits(DT, Mix(base[r] + i), special);
+      if (r == rank) StoreBits(own, DT, i, bits);
+      const float v = Widen(DT, bits);
+      acc = r == 0 ? v : acc + v;
+    }
+    if (mean) acc = acc / wf;
+    StoreBits(expected, DT, i, Narrow(DT, acc));
+  }
+}
+
 uint64_t Checker::Fill(size_t ti, int64_t iter) {
   CheckTensor& t = tensors_[ti];
   const uint32_t W = o_.job.world;
@@ -412,18 +441,19 @@ uint64_t Checker::Fill(size_t ti, int64_t iter) {
   std::vector<uint64_t> base(W);
   for (uint32_t r = 0; r < W; ++r) base[r] = Hash(o_.seed, r, static_cast<uint64_t>(iter), ti);
   t.expected.resize(t.bytes);
-  const float wf = static_cast<float>(W);
-  for (uint64_t i = 0; i < t.elems; ++i) {
-    const uint64_t col = Mix(col_base + i);
-    float acc = 0;
-    for (uint32_t r = 0; r < W; ++r) {
-      const uint32_t bits = ElementBits(t.dtype, Mix(base[r] + i), col);
-      if (r == o_.job.rank) StoreBits(t.buf, t.dtype, i, bits);
-      const float v = Widen(t.dtype, bits);
-      acc = r == 0 ? v : acc + v;
-    }
-    if (o_.mean) acc = acc / wf;
-    StoreBits(t.expected.data(), t.dtype, i, Narrow(t.dtype, acc));
+  switch (t.dtype) {
+    case GL_DTYPE_F32:
+      FillT<GL_DTYPE_F32>(t.buf, t.expected.data(), t.elems, base.data(), W, o_.job.rank,
+                          col_base, o_.mean);
+      break;
+    case GL_DTYPE_F16:
+      FillT<GL_DTYPE_F16>(t.buf, t.expected.data(), t.elems, base.data(), W, o_.job.rank,
+                          col_base, o_.mean);
+      break;
+    case GL_DTYPE_BF16:
+      FillT<GL_DTYPE_BF16>(t.buf, t.expected.data(), t.elems, base.data(), W, o_.job.rank,
+                           col_base, o_.mean);
+      break;
   }
   return t.elems;
 }
@@ -512,10 +542,11 @@ int Checker::Verify(const gl_completion& c, std::vector<PendingPost>& posts) {
     }
     // Show the contributions of the first wrong element.
     std::string contrib;
-    const uint64_t col = Mix(Hash(o_.seed, kNoRank, static_cast<uint64_t>(iter_), p.tensor) + first);
+    const bool special =
+        SpecialColumn(Hash(o_.seed, kNoRank, static_cast<uint64_t>(iter_), p.tensor), first);
     for (uint32_t r = 0; r < o_.job.world; ++r) {
       const uint32_t bits = ElementBits(
-          t.dtype, Mix(Hash(o_.seed, r, static_cast<uint64_t>(iter_), p.tensor) + first), col);
+          t.dtype, Mix(Hash(o_.seed, r, static_cast<uint64_t>(iter_), p.tensor) + first), special);
       char b[48];
       std::snprintf(b, sizeof b, "%s0x%x(%g)", r ? " + " : "", bits,
                     static_cast<double>(Widen(t.dtype, bits)));
@@ -567,7 +598,9 @@ int Checker::Run() {
   std::vector<gl_completion> comp(64);
   for (iter_ = 0; iter_ < o_.iterations && rc == 0 && !observed_failure_; ++iter_) {
     posts.clear();
+    const int64_t f0 = NowNs();
     for (size_t i = 0; i < tensors_.size(); ++i) Fill(i, iter_);
+    fill_ns_ += NowNs() - f0;
     // Backward: last layer first.
     for (size_t i = tensors_.size(); i-- > 0;) PlanPosts(i, iter_, &posts);
     size_t to_post = posts.size();
@@ -645,11 +678,11 @@ int Checker::Run() {
   const double secs = static_cast<double>(NowNs() - t0) / 1e9;
   std::printf("gradlane-check: OK job=%s rank=%u/%u policy=%s reduce=%s iterations=%" PRId64
               " tensors=%zu bytes/iteration=%" PRIu64 " posts=%" PRIu64 " completions=%" PRIu64
-              " bytes-checked=%" PRIu64 " time=%.2fs\n",
+              " bytes-checked=%" PRIu64 " time=%.2fs (generating data %.2fs)\n",
               o_.job.job.c_str(), o_.job.rank, o_.job.world,
               o_.job.policy.empty() ? "(default)" : o_.job.policy.c_str(),
               o_.mean ? "mean" : "sum", o_.iterations, tensors_.size(), bytes_per_iter, posts_,
-              completions_, checked_bytes_, secs);
+              completions_, checked_bytes_, secs, static_cast<double>(fill_ns_) / 1e9);
   return 0;
 }
 
