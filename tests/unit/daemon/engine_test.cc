@@ -5,7 +5,9 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -489,6 +491,58 @@ TEST(EngineTest, ClientDeathMidIterationFailsPeersAndFreesResources) {
   }
   // The daemons live on: a new job works.
   JobSpec next{"job-after-death", 3, "p3", "secret", AwkwardTensors(), 6};
+  RunJob(cluster, next, 2, false);
+}
+
+TEST(EngineTest, ClientKilledWithSigkillMidIteration) {
+  Cluster cluster(3, TestOptions(), "sigkill");
+  JobSpec job{"job-sigkill", 3, "bytescheduler", "secret", AwkwardTensors(), 31};
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Rank 1 in its own process: posts half of iteration 0, says so, and waits to be killed.
+    ::close(pipefd[0]);
+    RankClient c;
+    if (c.Setup(cluster.socket(1), job, 1) != GL_OK) ::_exit(2);
+    c.Post(job, 1, 0, 0, job.tensors.size() / 2);
+    const char one = 1;
+    (void)::write(pipefd[1], &one, 1);
+    for (;;) ::pause();
+  }
+  ::close(pipefd[1]);
+  std::vector<SurvivorResult> res(3);
+  std::vector<std::thread> threads;
+  for (int r : {0, 2}) {
+    threads.emplace_back([&, r] {
+      RankClient c;
+      ASSERT_EQ(c.Setup(cluster.socket(r), job, r), GL_OK);
+      res[r].expected = c.Post(job, r, 0, 0, job.tensors.size());
+      res[r].statuses = c.Wait(res[r].expected);
+    });
+  }
+  char b = 0;
+  ASSERT_EQ(::read(pipefd[0], &b, 1), 1);
+  ::close(pipefd[0]);
+  // Mid-iteration: its daemon has taken the posts and the job is running.
+  EXPECT_TRUE(cluster.WaitFor(1, [](const EngineStats& s) { return s.jobs_active == 1; }));
+  ::kill(child, SIGKILL);
+  int wstatus = 0;
+  ::waitpid(child, &wstatus, 0);
+  for (auto& t : threads) t.join();
+  for (int r : {0, 2}) {
+    EXPECT_EQ(static_cast<int>(res[r].statuses.size()), res[r].expected) << "rank " << r;
+    int errors = 0;
+    for (int s : res[r].statuses) errors += s != GL_OK;
+    EXPECT_GT(errors, 0) << "rank " << r;
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(cluster.WaitFor(i, [](const EngineStats& s) {
+      return s.jobs_active == 0 && s.arena_aliases == 0;
+    }));
+  }
+  JobSpec next{"job-after-sigkill", 3, "fifo", "secret", AwkwardTensors(), 32};
   RunJob(cluster, next, 2, false);
 }
 
