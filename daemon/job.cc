@@ -1,5 +1,6 @@
 #include "daemon/job.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -27,13 +28,17 @@ void MixValue(uint64_t& h, T v) {
 }  // namespace
 
 uint64_t EnginePartitionBytes(const std::string& policy, uint64_t configured, sched::DType dtype) {
-  if (policy == "fifo") return 0;  // whole tensors: the vanilla baseline sends them unsplit
-  if (configured != 0) return configured;
-  if (policy == "p3") {
-    return sched::kP3PartitionElements * sched::DTypeBytes(dtype);
+  uint64_t bytes = sched::kByteSchedulerDefaultPartitionBytes;
+  if (policy == "fifo") {
+    bytes = kMaxEnginePartitionBytes;  // whole tensors (the vanilla baseline), up to the cap
+  } else if (configured != 0) {
+    bytes = configured;
+  } else if (policy == "p3") {
+    bytes = sched::kP3PartitionElements * sched::DTypeBytes(dtype);
+  } else if (policy == "prophet") {
+    bytes = sched::kProphetDefaultPartitionBytes;
   }
-  if (policy == "prophet") return sched::kProphetDefaultPartitionBytes;
-  return sched::kByteSchedulerDefaultPartitionBytes;
+  return std::min(bytes, kMaxEnginePartitionBytes);
 }
 
 uint64_t WireJobId(const std::string& job_id) {
@@ -43,9 +48,10 @@ uint64_t WireJobId(const std::string& job_id) {
 }
 
 uint64_t Fingerprint(const std::vector<TensorInfo>& tensors, uint32_t world_size,
-                     const std::string& policy, ps::ReduceOp reduce) {
+                     const std::string& policy, uint64_t partition_bytes, ps::ReduceOp reduce) {
   uint64_t h = kFnvOffset;
   MixValue(h, world_size);
+  MixValue(h, partition_bytes);
   Mix(h, policy.data(), policy.size() + 0);
   MixValue(h, static_cast<uint8_t>(0xFF));  // separator: "ab"+"c" != "a"+"bc"
   MixValue(h, static_cast<uint8_t>(reduce));
@@ -142,7 +148,7 @@ JobError BuildJobPlan(const Session& session, const std::string& default_policy,
     }
   }
   job->slab_bytes = slab;
-  job->fingerprint = Fingerprint(tensors, job->world, job->policy_name, reduce);
+  job->fingerprint = Fingerprint(tensors, job->world, job->policy_name, partition_bytes, reduce);
   job->manifest_out = ManifestBody{kManifestMagic, job->fingerprint,
                                    static_cast<uint32_t>(tensors.size()), job->world,
                                    job->total_bytes};

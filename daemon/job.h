@@ -7,7 +7,7 @@
 //   - One rank per daemon per job; a job is bound to the one client session that registered it.
 //   - The tensor list is frozen at the job's first post on this daemon: every rank must have
 //     registered the same tensors (name, bytes, dtype) in the same order before posting.
-//     `Fingerprint` digests that list together with W, the policy and the reduce op; daemons
+//     `Fingerprint` digests that list with W, the policy, --partition_bytes and the reduce op; daemons
 //     exchange it in a manifest frame, the first frame on each connection, and a difference
 //     fails the job with a message naming both values.
 //   - Partition k of a tensor is PartitionPlan::Make(bytes, dtype, EnginePartitionBytes(...));
@@ -62,9 +62,11 @@ inline constexpr size_t kManifestBytes = 32;
 static_assert(sizeof(ManifestBody) == kManifestBytes);
 static_assert(offsetof(ManifestBody, tensor_count) == 16 && offsetof(ManifestBody, total_bytes) == 24);
 
-// The partition size the engine cuts every posted range with, so that a policy never needs to
-// cut across a partition (its own plan is this one or finer). Depends only on the policy name,
-// the configured size and the dtype, so every rank computes the same.
+// The partition size the engine cuts every posted range with: the policy's own δ, so a policy
+// never cuts a range further (a policy with a coarser plan still never crosses one of ours),
+// capped so one segment stays far below the transport's largest frame. Depends only on the
+// policy name, --partition_bytes (part of the fingerprint) and the dtype.
+inline constexpr uint64_t kMaxEnginePartitionBytes = 64ull << 20;
 uint64_t EnginePartitionBytes(const std::string& policy, uint64_t configured, sched::DType dtype);
 
 // FNV-1a of the job id string: the 64-bit id the wire protocol carries.
@@ -226,9 +228,10 @@ struct Job {
   uint64_t tune_bytes = 0;
 };
 
-// The fingerprint of a frozen tensor list plus the knobs every rank must share.
+// The fingerprint of a frozen tensor list plus the knobs every rank must share (W, policy,
+// the configured partition size, the reduce op).
 uint64_t Fingerprint(const std::vector<TensorInfo>& tensors, uint32_t world_size,
-                     const std::string& policy, ps::ReduceOp reduce);
+                     const std::string& policy, uint64_t partition_bytes, ps::ReduceOp reduce);
 
 // Validates what the client registered and builds the frozen tensors, parts, shard map and the
 // owned-part table. Errors carry the gl_status to complete posts with and a readable message.

@@ -46,7 +46,10 @@ std::string Addr(int i) { return absl::StrCat("h", i, ":1"); }
 // W engines on one FakeNetwork, polled by one driver thread.
 class Cluster {
  public:
-  Cluster(int n, EngineOptions base, const std::string& tag) : base_(std::move(base)), tag_(tag) {
+  // `tweak` adjusts engine i's options (daemons configured differently).
+  Cluster(int n, EngineOptions base, const std::string& tag,
+          std::function<void(int, EngineOptions&)> tweak = nullptr)
+      : base_(std::move(base)), tag_(tag), tweak_(std::move(tweak)) {
     for (int i = 0; i < n; ++i) AddEngine(i);
     driver_ = std::thread([this] { Loop(); });
   }
@@ -103,6 +106,7 @@ class Cluster {
  private:
   void AddEngine(int i) {
     EngineOptions o = base_;
+    if (tweak_) tweak_(i, o);
     o.sessions.socket_path =
         absl::StrCat("/tmp/gl-engine-test-", ::getpid(), "-", tag_, "-", i, "-", generation_++, ".sock");
     o.transport.listen_address = absl::StrCat("h", i);
@@ -141,6 +145,7 @@ class Cluster {
 
   EngineOptions base_;
   std::string tag_;
+  std::function<void(int, EngineOptions&)> tweak_;
   int generation_ = 0;
   FakeNetwork net_;
   std::vector<std::unique_ptr<FakeEngine>> engines_;
@@ -649,6 +654,33 @@ TEST(EngineTest, TensorListMismatchIsAClearError) {
     }
   }
   EXPECT_TRUE(bad_tensor);
+}
+
+TEST(EngineTest, DaemonsWithDifferentPartitionSizesOrReduceOpsRefuseTheJob) {
+  for (int variant = 0; variant < 2; ++variant) {
+    Cluster cluster(2, TestOptions(), absl::StrCat("knobs", variant), [&](int i, EngineOptions& o) {
+      if (i != 1) return;
+      if (variant == 0) o.partition_bytes = 2 * kPartition;
+      if (variant == 1) o.reduce = ps::ReduceOp::kMean;
+    });
+    JobSpec job{absl::StrCat("job-knobs", variant), 2, "bytescheduler", "secret", AwkwardTensors(), 16};
+    std::vector<std::vector<int>> st(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        RankClient c;
+        ASSERT_EQ(c.Setup(cluster.socket(r), job, r), GL_OK);
+        const int n = c.Post(job, r, 0, 0, job.tensors.size());
+        st[r] = c.Wait(n);
+        EXPECT_EQ(static_cast<int>(st[r].size()), n);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 2; ++r) {
+      for (int s : st[r]) EXPECT_NE(s, GL_OK) << "variant " << variant;
+    }
+    EXPECT_GT(cluster.Stats(0).manifest_mismatches + cluster.Stats(1).manifest_mismatches, 0u);
+  }
 }
 
 TEST(EngineTest, ShutdownFailsPendingPostsAndUnmaps) {
