@@ -3,22 +3,23 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+
+#include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "sched/bo_tuner.h"
-#include "transport/fake/fake_transport.h"
-#include "transport/tcp/tcp_transport.h"
+#include "daemon/engine_internal.h"
 
 namespace gradlane::daemon {
 
 using sched::TimeNs;
 using transport::PeerHandle;
 using transport::RecvTarget;
+using namespace engine_internal;  // NOLINT: cookies and status helpers of this module
 
 void LogLine(const std::string& line) {
   timespec ts;
@@ -29,61 +30,6 @@ void LogLine(const std::string& line) {
   std::strftime(stamp, sizeof(stamp), "%H:%M:%S", &tm);
   std::fprintf(stderr, "%s.%03ld gradlaned: %s\n", stamp, ts.tv_nsec / 1000000, line.c_str());
 }
-
-namespace {
-
-// Cookies: which job (slot + 12 bits of generation) a send or receive belongs to, and for
-// sends the direction and the dispatch record. 12 bits of slot bound the jobs per daemon.
-constexpr uint32_t kMaxJobs = 4096;
-constexpr uint64_t kCookieLeave = 1ull << 37;
-constexpr uint64_t kCookieManifest = 1ull << 38;
-constexpr uint64_t kCookiePull = 1ull << 39;
-constexpr uint32_t kNoDispatch = 0xFFFFFFFFu;
-
-uint64_t MakeCookie(uint32_t slot, uint32_t generation, uint64_t flags, uint32_t dispatch) {
-  return (uint64_t{slot} << 52) | (uint64_t{generation & 0xFFFu} << 40) | flags | dispatch;
-}
-uint32_t CookieSlot(uint64_t c) { return static_cast<uint32_t>(c >> 52); }
-uint32_t CookieGeneration(uint64_t c) { return static_cast<uint32_t>((c >> 40) & 0xFFFu); }
-uint32_t CookieDispatch(uint64_t c) { return static_cast<uint32_t>(c & 0xFFFFFFFFu); }
-
-// How a transport failure reads to the client.
-gl_status StatusFor(const absl::Status& why) {
-  switch (why.code()) {
-    case absl::StatusCode::kPermissionDenied: return GL_E_PERMISSION;
-    case absl::StatusCode::kDeadlineExceeded: return GL_E_TIMEOUT;
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kFailedPrecondition: return GL_E_PROTOCOL;
-    default: return GL_E_DISCONNECTED;
-  }
-}
-
-const char* StatusName(gl_status s) {
-  static constexpr const char* kNames[GL_STATUS_COUNT] = {
-      "ok", "invalid_argument", "bad_magic", "bad_version", "permission", "no_memory", "again",
-      "timeout", "disconnected", "protocol", "bad_tensor", "bad_range", "bad_iteration",
-      "bad_opcode", "bad_descriptor", "no_job", "already_exists", "ring_corrupt", "io",
-      "internal"};
-  return s >= 0 && s < GL_STATUS_COUNT ? kNames[s] : "unknown";
-}
-
-constexpr TimeNs kHousekeepingInterval = sched::kMillisecond;
-constexpr TimeNs kEstimateInterval = 10 * sched::kMillisecond;
-
-}  // namespace
-
-// Online tuning of the bytescheduler credit window (ByteScheduler §4.3): one trial spans
-// `autotune_iterations_per_trial` iterations; its speed is bytes posted per second of wall time.
-template <class T>
-struct Engine<T>::Tuner {
-  sched::BoTuner tuner;
-  sched::TunerParams trial;
-  int iterations = 0;
-  TimeNs started = 0;
-  uint64_t bytes = 0;
-  int64_t last_iteration = -1;
-  bool pending_apply = false;
-};
 
 template <class T>
 Engine<T>::Engine(const EngineOptions& options) : options_(options) {}
@@ -500,348 +446,6 @@ void Engine<T>::Complete_st(const PostDescriptor& post, gl_status status) {
   s->FlushCompletions();
 }
 
-// ------------------------------------------------------------------------- worker role ----
-
-template <class T>
-void Engine<T>::OnPost(Session& session, const PostDescriptor& post) {
-  const TimeNs now = SessionServer::MonotonicNow();
-  Job* job = nullptr;
-  if (auto it = job_by_session_.find(session.id()); it != job_by_session_.end()) {
-    job = jobs_[it->second].get();
-  } else {
-    job = ActivateJob_st(session, now);
-  }
-  if (job == nullptr) {
-    Complete_st(post, GL_E_NO_MEMORY);  // job table full
-    return;
-  }
-  if (job->failed) {
-    Complete_st(post, job->fail_status);
-    return;
-  }
-  if (post.tensor_id >= job->tensors.size()) {
-    // Registered after the job's first post: the shard map is frozen without it.
-    Complete_st(post, GL_E_BAD_TENSOR);
-    return;
-  }
-  JobTensor& t = job->tensors[post.tensor_id];
-  const uint32_t first = t.first_part + t.plan.PartitionOf(post.offset);
-  const uint32_t last = t.first_part + t.plan.PartitionOf(post.offset + post.length - 1);
-  // Validate before touching any state: the range must not repeat bytes already posted for
-  // this iteration, nor start an iteration while the previous one's result is still out.
-  for (uint32_t i = first; i <= last; ++i) {
-    const Part& p = job->parts[i];
-    const uint64_t lo = std::max(post.offset, p.offset);
-    const uint64_t hi = std::min(post.offset + post.length, p.offset + p.length);
-    if (p.iteration == post.iteration) {
-      if (p.posted + (hi - lo) > p.length) {
-        Complete_st(post, GL_E_BAD_RANGE);
-        return;
-      }
-    } else if (p.iteration > post.iteration ||
-               (p.iteration >= 0 && p.posted > 0 && p.result_got < p.length)) {
-      Complete_st(post, GL_E_BAD_ITERATION);
-      return;
-    }
-  }
-  // Auto priorities learn from the order gradients become ready.
-  job->auto_priority.Observe(post.tensor_id, post.iteration);
-  const sched::Priority prio =
-      t.auto_priority ? job->auto_priority.PriorityOf(post.tensor_id) : t.spec.priority;
-
-  uint32_t index;
-  if (!job->free_posts.empty()) {
-    index = job->free_posts.back();
-    job->free_posts.pop_back();
-  } else {
-    index = static_cast<uint32_t>(job->posts.size());
-    job->posts.emplace_back();
-  }
-  PostRecord& rec = job->posts[index];
-  rec.post = post;
-  rec.remaining = last - first + 1;
-  rec.live = true;
-  ++job->posts_pending;
-  t.active_posts.push_back(index);
-  if (auto tit = tuners_.find(job->slot); tit != tuners_.end()) {
-    tit->second->bytes += post.length;
-    if (post.iteration > tit->second->last_iteration) {
-      tit->second->last_iteration = post.iteration;
-      TuneStep_st(*job, now);
-    }
-  }
-
-  for (uint32_t i = first; i <= last && !job->failed; ++i) {
-    Part& p = job->parts[i];
-    if (p.iteration != post.iteration) {
-      p.iteration = post.iteration;
-      p.posted = 0;
-      p.result_got = 0;
-    }
-    const uint64_t lo = std::max(post.offset, p.offset);
-    const uint64_t hi = std::min(post.offset + post.length, p.offset + p.length);
-    p.posted += hi - lo;
-    if (p.owner == job->rank) {
-      OwnedPart& o = job->owned[p.owned];
-      if (!ShardAccept_st(*job, o, job->rank, post.iteration, hi - lo)) {
-        FailJob_st(*job, GL_E_BAD_ITERATION,
-                   absl::StrCat("job ", job->info.job_id, ": tensor ", t.name, " iteration ",
-                                post.iteration, " posted while the shard is in round ", o.round));
-        return;
-      }
-      o.priority = std::min(o.priority, prio);
-      if (job->owned_got[static_cast<size_t>(p.owned) * job->world + job->rank] == p.length) {
-        ShardRankDone_st(*job, o);
-      }
-    } else {
-      sched::ReadyRange r;
-      r.tensor_id = post.tensor_id;
-      r.priority = prio;
-      r.dtype = t.spec.dtype;
-      r.direction = sched::Direction::kPush;
-      r.peer = p.owner;
-      r.iteration = post.iteration;
-      r.tensor_bytes = t.spec.bytes;
-      r.offset = lo;
-      r.length = hi - lo;
-      job->policy->OnReady(r, now);
-    }
-  }
-}
-
-template <class T>
-void Engine<T>::FinishPost_st(Job& job, uint32_t index, gl_status status) {
-  PostRecord& rec = job.posts[index];
-  if (!rec.live) return;
-  rec.live = false;
-  --job.posts_pending;
-  if (rec.post.tensor_id < job.tensors.size()) {
-    auto& active = job.tensors[rec.post.tensor_id].active_posts;
-    auto it = std::find(active.begin(), active.end(), index);
-    if (it != active.end()) {
-      *it = active.back();
-      active.pop_back();
-    }
-  }
-  job.free_posts.push_back(index);
-  if (status == GL_OK) ++job.posts_completed; else ++job.posts_failed;
-  Complete_st(rec.post, status);
-}
-
-template <class T>
-void Engine<T>::PartResultReady_st(Job& job, uint32_t part_index) {
-  const Part& p = job.parts[part_index];
-  auto& active = job.tensors[p.tensor].active_posts;
-  // Iterate backwards: FinishPost_st swap-removes from `active`.
-  for (size_t k = active.size(); k-- > 0;) {
-    const uint32_t idx = active[k];
-    PostRecord& rec = job.posts[idx];
-    if (rec.post.iteration != p.iteration) continue;
-    if (rec.post.offset >= p.offset + p.length || rec.post.offset + rec.post.length <= p.offset) {
-      continue;
-    }
-    if (--rec.remaining == 0) FinishPost_st(job, idx, GL_OK);
-  }
-}
-
-// -------------------------------------------------------------------------- shard role ----
-
-template <class T>
-bool Engine<T>::ShardAccept_st(Job& job, OwnedPart& o, uint32_t rank, int64_t iteration,
-                               uint64_t length) {
-  const Part& p = job.parts[o.part];
-  uint64_t* got = &job.owned_got[static_cast<size_t>(&o - job.owned.data()) * job.world];
-  if (o.round != iteration || o.reduced) {
-    // A new round may start only after the previous one was reduced.
-    if (iteration <= o.round || !o.reduced || job.any_left) return false;
-    o.round = iteration;
-    o.reduced = false;
-    o.ranks_complete = 0;
-    o.priority = std::numeric_limits<sched::Priority>::max();
-    std::fill(got, got + job.world, 0);
-  }
-  if (got[rank] + length > p.length) return false;
-  got[rank] += length;
-  return true;
-}
-
-template <class T>
-void Engine<T>::ShardRankDone_st(Job& job, OwnedPart& o) {
-  if (++o.ranks_complete == job.world) TryReduce_st(job, o);
-}
-
-template <class T>
-void Engine<T>::TryReduce_st(Job& job, OwnedPart& o) {
-  if (o.pulls_pending > 0) {
-    // The result slot still feeds pull responses of the previous round.
-    o.reduce_deferred = true;
-    return;
-  }
-  o.reduce_deferred = false;
-  Part& p = job.parts[o.part];
-  const JobTensor& t = job.tensors[p.tensor];
-  const std::byte* contributions[ps::kMaxWorldSize];
-  std::byte* slots = job.slab.get() + o.slab_offset;
-  std::byte* local = reinterpret_cast<std::byte*>(job.arena + t.arena_offset + p.offset);
-  for (uint32_t r = 0; r < job.world; ++r) {
-    contributions[r] = r == job.rank ? local : slots + uint64_t{r} * p.length;
-  }
-  std::byte* out = slots + uint64_t{job.rank} * p.length;
-  absl::Status s = ps::ReduceInRankOrder(
-      t.spec.dtype, absl::MakeConstSpan(contributions, job.world), p.length, job.reduce, out);
-  if (!s.ok()) {
-    FailJob_st(job, GL_E_INTERNAL, absl::StrCat("job ", job.info.job_id, ": reduce: ", s.message()));
-    return;
-  }
-  std::memcpy(local, out, p.length);
-  o.reduced = true;
-  ++job.rounds_reduced;
-  counters_.rounds_reduced.Add_st(1);
-  const sched::TimeNs now = SessionServer::MonotonicNow();
-  for (uint16_t r = 0; r < job.world; ++r) {
-    if (r == job.rank) continue;
-    sched::ReadyRange rr;
-    rr.tensor_id = t.spec.id;
-    rr.priority = o.priority;
-    rr.dtype = t.spec.dtype;
-    rr.direction = sched::Direction::kPull;
-    rr.peer = r;
-    rr.iteration = o.round;
-    rr.tensor_bytes = t.spec.bytes;
-    rr.offset = p.offset;
-    rr.length = p.length;
-    job.policy->OnReady(rr, now);
-  }
-  o.pulls_pending = uint64_t{job.world - 1u} * p.length;
-  // The local rank's result is in its buffer now.
-  p.result_got = p.length;
-  PartResultReady_st(job, o.part);
-}
-
-// -------------------------------------------------------------------------- scheduling ----
-
-template <class T>
-int Engine<T>::RunPolicy_st(Job& job, TimeNs now) {
-  if (!job.all_up && job.world > 1) return 0;  // nothing goes before every peer is up
-  int work = 0;
-  while (!job.failed && job.policy != nullptr && job.policy->NextDispatch(now, job.dispatch)) {
-    ++work;
-    uint32_t d;
-    if (!job.free_dispatches.empty()) {
-      d = job.free_dispatches.back();
-      job.free_dispatches.pop_back();
-    } else {
-      d = static_cast<uint32_t>(job.dispatches.size());
-      job.dispatches.emplace_back();
-    }
-    job.dispatches[d] = DispatchRecord{job.dispatch.bytes,
-                                       static_cast<uint32_t>(job.dispatch.segments.size())};
-    if (job.dispatch.segments.empty()) {
-      job.free_dispatches.push_back(d);
-      job.policy->OnAcked(job.dispatch.bytes, now);
-      continue;
-    }
-    for (const sched::Segment& seg : job.dispatch.segments) {
-      transport::SendSpec spec;
-      spec.key = seg.key;
-      spec.iteration = seg.iteration;
-      spec.offset = seg.offset;
-      spec.length = seg.length;
-      spec.priority = seg.priority;
-      spec.dtype = seg.dtype;
-      spec.direction = seg.direction;
-      const uint32_t tid = sched::KeyTensor(seg.key);
-      Part* p = PartAt(job, tid, seg.offset);
-      if (p == nullptr || seg.peer >= job.world || seg.peer == job.rank) {
-        FailJob_st(job, GL_E_INTERNAL, "policy produced a segment outside the job");
-        return work;
-      }
-      if (seg.direction == sched::Direction::kPush) {
-        spec.region = job.arena_region;
-        spec.region_offset = job.tensors[tid].arena_offset + seg.offset;
-        spec.cookie = MakeCookie(job.slot, job.generation, 0, d);
-      } else {
-        const OwnedPart& o = job.owned[p->owned];
-        spec.region = job.slab_region;
-        spec.region_offset =
-            o.slab_offset + uint64_t{job.rank} * p->length + (seg.offset - p->offset);
-        spec.cookie = MakeCookie(job.slot, job.generation, kCookiePull, d);
-      }
-      JobPeer& peer = job.peers[seg.peer];
-      if (peer.left || peer.out == transport::kNoPeer) {
-        FailJob_st(job, GL_E_DISCONNECTED, absl::StrCat("job ", job.info.job_id, ": rank ",
-                                                        seg.peer, " left the job"));
-        return work;
-      }
-      absl::Status s = transport_->PostSend_st(peer.out, spec);
-      if (!s.ok()) {
-        FailJob_st(job, StatusFor(s), absl::StrCat("job ", job.info.job_id, ": send to rank ",
-                                                   seg.peer, ": ", s.message()));
-        return work;
-      }
-      job.estimator.OnSend(seg.length, now);
-      if (peer.send_tail - peer.send_head < peer.send_times.size()) {
-        peer.send_times[peer.send_tail++ % peer.send_times.size()] = now;
-      }
-      ++job.segments_sent;
-      counters_.segments_sent.Add_st(1);
-    }
-  }
-  return work;
-}
-
-template <class T>
-void Engine<T>::ReturnDispatch_st(Job& job, uint32_t d, TimeNs now) {
-  if (d >= job.dispatches.size()) return;
-  DispatchRecord& rec = job.dispatches[d];
-  if (rec.remaining == 0 || --rec.remaining > 0) return;
-  if (job.policy != nullptr) job.policy->OnAcked(rec.bytes, now);
-  job.free_dispatches.push_back(d);
-}
-
-template <class T>
-void Engine<T>::TuneStep_st(Job& job, TimeNs now) {
-  auto it = tuners_.find(job.slot);
-  if (it == tuners_.end()) return;
-  Tuner& tu = *it->second;
-  if (tu.iterations == 0) {
-    tu.trial = tu.tuner.Suggest();
-    tu.started = now;
-    tu.bytes = 0;
-    tu.pending_apply = true;
-  }
-  // A new credit window can only replace the policy while nothing is queued or in flight.
-  if (tu.pending_apply && job.policy->queued_segments() == 0 && job.policy->credit_in_use() == 0) {
-    job.policy_config.credit_bytes = tu.trial.credit_bytes;
-    auto p = sched::MakePolicy(job.policy_config);
-    if (p.ok()) {
-      job.policy = std::move(*p);
-      for (JobTensor& t : job.tensors) job.policy->RegisterTensor(t.spec);
-      job.dispatches.clear();
-      job.free_dispatches.clear();
-    }
-    tu.pending_apply = false;
-    tu.started = now;
-    tu.bytes = 0;
-  }
-  if (++tu.iterations <= options_.autotune_iterations_per_trial) return;
-  const double secs = static_cast<double>(now - tu.started) / sched::kSecond;
-  if (secs > 0 && tu.bytes > 0 && !tu.pending_apply && !tu.tuner.Done()) {
-    if (tu.tuner.Observe(tu.trial, static_cast<double>(tu.bytes) / secs).ok()) {
-      counters_.tuner_trials.Add_st(1);
-    }
-  }
-  if (tu.tuner.Done()) {
-    if (auto best = tu.tuner.Best(); best.ok() && !(best->params == tu.trial)) {
-      tu.trial = best->params;
-      tu.pending_apply = true;
-    }
-    tu.iterations = 1;
-    return;
-  }
-  tu.iterations = 0;
-}
-
 // ------------------------------------------------------------------ transport callbacks ----
 
 template <class T>
@@ -956,6 +560,10 @@ RecvTarget Engine<T>::ResolveRecv_st(const transport::PeerInfo& peer,
     if (job != nullptr) ++job->segments_rejected;
     return RecvTarget::Reject();
   };
+  if (h.key == kLeaveKey && (job == nullptr || job->failed)) {
+    // The job already ended here too (its client closed first): nothing to refuse.
+    return RecvTarget::Reject();
+  }
   if (job == nullptr || job->failed || r >= job->world || r == job->rank) return reject();
   const uint64_t cookie = MakeCookie(job->slot, job->generation, 0, 0);
   const uint32_t tid = sched::KeyTensor(h.key);
@@ -1052,7 +660,10 @@ void Engine<T>::OnRecvDone_st(const transport::PeerInfo& peer, const transport::
   if (p->result_got == p->length) PartResultReady_st(*job, static_cast<uint32_t>(p - job->parts.data()));
 }
 
-template class Engine<transport::tcp::TcpTransport>;
-template class Engine<transport::fake::FakeTransport>;
+// Members defined in this file (the class's explicit instantiation covers exactly those);
+// worker_role.cc, ps_role.cc and engine_sched.cc instantiate theirs.
+#define GRADLANE_INSTANTIATE(T) template class Engine<T>;
+GRADLANE_ENGINE_FOR_EACH_TRANSPORT(GRADLANE_INSTANTIATE)
+#undef GRADLANE_INSTANTIATE
 
 }  // namespace gradlane::daemon

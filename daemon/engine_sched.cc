@@ -1,0 +1,151 @@
+// daemon/engine_sched.cc — the engine's scheduling step: policy dispatches to transport sends, credit
+// returned per acknowledged Dispatch, and the online BO tuning of the credit window.
+#include "daemon/engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine_internal.h"
+
+namespace gradlane::daemon {
+
+using sched::TimeNs;
+using transport::PeerHandle;
+using transport::RecvTarget;
+using namespace engine_internal;  // NOLINT: cookies and status helpers of this module
+
+// -------------------------------------------------------------------------- scheduling ----
+
+template <class T>
+int Engine<T>::RunPolicy_st(Job& job, TimeNs now) {
+  if (!job.all_up && job.world > 1) return 0;  // nothing goes before every peer is up
+  int work = 0;
+  while (!job.failed && job.policy != nullptr && job.policy->NextDispatch(now, job.dispatch)) {
+    ++work;
+    uint32_t d;
+    if (!job.free_dispatches.empty()) {
+      d = job.free_dispatches.back();
+      job.free_dispatches.pop_back();
+    } else {
+      d = static_cast<uint32_t>(job.dispatches.size());
+      job.dispatches.emplace_back();
+    }
+    job.dispatches[d] = DispatchRecord{job.dispatch.bytes,
+                                       static_cast<uint32_t>(job.dispatch.segments.size())};
+    if (job.dispatch.segments.empty()) {
+      job.free_dispatches.push_back(d);
+      job.policy->OnAcked(job.dispatch.bytes, now);
+      continue;
+    }
+    for (const sched::Segment& seg : job.dispatch.segments) {
+      transport::SendSpec spec;
+      spec.key = seg.key;
+      spec.iteration = seg.iteration;
+      spec.offset = seg.offset;
+      spec.length = seg.length;
+      spec.priority = seg.priority;
+      spec.dtype = seg.dtype;
+      spec.direction = seg.direction;
+      const uint32_t tid = sched::KeyTensor(seg.key);
+      Part* p = PartAt(job, tid, seg.offset);
+      if (p == nullptr || seg.peer >= job.world || seg.peer == job.rank) {
+        FailJob_st(job, GL_E_INTERNAL, "policy produced a segment outside the job");
+        return work;
+      }
+      if (seg.direction == sched::Direction::kPush) {
+        spec.region = job.arena_region;
+        spec.region_offset = job.tensors[tid].arena_offset + seg.offset;
+        spec.cookie = MakeCookie(job.slot, job.generation, 0, d);
+      } else {
+        const OwnedPart& o = job.owned[p->owned];
+        spec.region = job.slab_region;
+        spec.region_offset =
+            o.slab_offset + uint64_t{job.rank} * p->length + (seg.offset - p->offset);
+        spec.cookie = MakeCookie(job.slot, job.generation, kCookiePull, d);
+      }
+      JobPeer& peer = job.peers[seg.peer];
+      if (peer.left || peer.out == transport::kNoPeer) {
+        FailJob_st(job, GL_E_DISCONNECTED, absl::StrCat("job ", job.info.job_id, ": rank ",
+                                                        seg.peer, " left the job"));
+        return work;
+      }
+      absl::Status s = transport_->PostSend_st(peer.out, spec);
+      if (!s.ok()) {
+        FailJob_st(job, StatusFor(s), absl::StrCat("job ", job.info.job_id, ": send to rank ",
+                                                   seg.peer, ": ", s.message()));
+        return work;
+      }
+      job.estimator.OnSend(seg.length, now);
+      if (peer.send_tail - peer.send_head < peer.send_times.size()) {
+        peer.send_times[peer.send_tail++ % peer.send_times.size()] = now;
+      }
+      ++job.segments_sent;
+      counters_.segments_sent.Add_st(1);
+    }
+  }
+  return work;
+}
+
+template <class T>
+void Engine<T>::ReturnDispatch_st(Job& job, uint32_t d, TimeNs now) {
+  if (d >= job.dispatches.size()) return;
+  DispatchRecord& rec = job.dispatches[d];
+  if (rec.remaining == 0 || --rec.remaining > 0) return;
+  if (job.policy != nullptr) job.policy->OnAcked(rec.bytes, now);
+  job.free_dispatches.push_back(d);
+}
+
+template <class T>
+void Engine<T>::TuneStep_st(Job& job, TimeNs now) {
+  auto it = tuners_.find(job.slot);
+  if (it == tuners_.end()) return;
+  Tuner& tu = *it->second;
+  if (tu.iterations == 0) {
+    tu.trial = tu.tuner.Suggest();
+    tu.started = now;
+    tu.bytes = 0;
+    tu.pending_apply = true;
+  }
+  // A new credit window can only replace the policy while nothing is queued or in flight.
+  if (tu.pending_apply && job.policy->queued_segments() == 0 && job.policy->credit_in_use() == 0) {
+    job.policy_config.credit_bytes = tu.trial.credit_bytes;
+    auto p = sched::MakePolicy(job.policy_config);
+    if (p.ok()) {
+      job.policy = std::move(*p);
+      for (JobTensor& t : job.tensors) job.policy->RegisterTensor(t.spec);
+      job.dispatches.clear();
+      job.free_dispatches.clear();
+    }
+    tu.pending_apply = false;
+    tu.started = now;
+    tu.bytes = 0;
+  }
+  if (++tu.iterations <= options_.autotune_iterations_per_trial) return;
+  const double secs = static_cast<double>(now - tu.started) / sched::kSecond;
+  if (secs > 0 && tu.bytes > 0 && !tu.pending_apply && !tu.tuner.Done()) {
+    if (tu.tuner.Observe(tu.trial, static_cast<double>(tu.bytes) / secs).ok()) {
+      counters_.tuner_trials.Add_st(1);
+    }
+  }
+  if (tu.tuner.Done()) {
+    if (auto best = tu.tuner.Best(); best.ok() && !(best->params == tu.trial)) {
+      tu.trial = best->params;
+      tu.pending_apply = true;
+    }
+    tu.iterations = 1;
+    return;
+  }
+  tu.iterations = 0;
+}
+
+#define GRADLANE_INSTANTIATE(T) \
+  template int Engine<T>::RunPolicy_st(Job&, sched::TimeNs); \
+  template void Engine<T>::ReturnDispatch_st(Job&, uint32_t, sched::TimeNs); \
+  template void Engine<T>::TuneStep_st(Job&, sched::TimeNs);
+GRADLANE_ENGINE_FOR_EACH_TRANSPORT(GRADLANE_INSTANTIATE)
+#undef GRADLANE_INSTANTIATE
+
+}  // namespace gradlane::daemon
