@@ -386,7 +386,7 @@ int Checker::Observed(const std::string& what) {
   observed_failure_ = true;
   if (!o_.expect_failure) return Fail("%s", what.c_str());
   std::printf("gradlane-check: EXPECTED-FAILURE job=%s rank=%u iteration=%" PRId64
-              " completions_ok=%" PRIu64 ": %s\n",
+              " completions=%" PRIu64 ": %s\n",
               o_.job.job.c_str(), o_.job.rank, iter_, completions_, what.c_str());
   std::fflush(stdout);
   return 0;

@@ -217,7 +217,7 @@ gl_wait() {
     fi
     sleep 0.05
   done
-  wait "$pid" || rc=$?
+  wait "$pid" 2>/dev/null || rc=$?
   unset "GL_PID[$name]"
   return "$rc"
 }
@@ -290,7 +290,7 @@ gl_daemon_stop() {
     gl_kill_pid "$pid" 0
     rc=124
   else
-    wait "$pid" || rc=$?
+    wait "$pid" 2>/dev/null || rc=$?
   fi
   GL_DPID[i]=""
   return "$rc"
