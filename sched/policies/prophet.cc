@@ -135,6 +135,27 @@ void ProphetPolicy::TakeOne(Dispatch& out) {
   out.bytes += out.segments.back().length;
 }
 
+TimeNs ProphetPolicy::Gradient0Expected() const {
+  if (!has_iteration_ || gradient0_pos_ >= tensors_.size()) return kNever;
+  const TimeNs v = tree_[tree_leaves_ + gradient0_pos_];
+  return v == kNever ? kNever : iteration_start_ + v;
+}
+
+bool ProphetPolicy::HoldHead(TimeNs now, TimeNs deadline, uint64_t head_bytes) const {
+  const TimeNs start = now + TransmitNs(window_.in_use());  // the link is busy until then
+  const TimeNs end = start + TransmitNs(head_bytes);
+  if (end <= deadline) return false;  // fits: Alg. 1 sends it (as part of a block)
+  // Does not fit. Only gradient 0's arrival is worth idling the link for: its pull gates the
+  // next forward pass. A more urgent *intermediate* gradient overtakes everything still queued
+  // when it arrives and waits behind at most the committed window, exactly as it would after
+  // a hold that ended with the link busy; holding for it only idles the link (measured: the
+  // paper rule loses up to 25% to fifo when link-bound, docs/simulator.md).
+  if (deadline < Gradient0Expected()) return false;
+  // Gradient 0: hold iff the idle time the hold costs is not larger than the delay sending
+  // would cause it (overrun = end − D vs idle = D − start; strict, so a tie holds: Fig. 5).
+  return end - deadline >= deadline - start;
+}
+
 bool ProphetPolicy::NextDispatch(TimeNs now, Dispatch& out) {
   out.segments.clear();
   out.bytes = 0;
@@ -148,22 +169,26 @@ bool ProphetPolicy::NextDispatch(TimeNs now, Dispatch& out) {
     window_.Acquire(out.bytes);
     return true;
   }
+  if (HoldHead(now, deadline, head.length)) return false;  // until D + slack (NextWakeup)
 
-  // Backward phase, Alg. 1 lines 6–10: the block must drain before D(q).
+  // Backward phase, Alg. 1 lines 6–10: the block must drain before D(q) and stay within the
+  // credit window (a block is one commit: credit returns only when all of it is acked, and a
+  // block larger than the window would shut out every urgent arrival behind it). The head is
+  // taken even if it overruns D (HoldHead decided that sending pays off); then it goes alone.
   TimeNs used = TransmitNs(window_.in_use());
   while (!queue_.empty()) {
     const Segment& q = queue_.Top();
+    const TimeNs e = TransmitNs(q.length);
     if (!out.segments.empty()) {
       if (!Plans(q)) break;
       deadline = Deadline(q.priority);  // never later than for the previous q
-      if (window_.in_use() > 0 && !window_.CanAcquire(out.bytes + q.length)) break;
+      if (out.bytes + q.length > window_.available()) break;
+      if (now + used + e > deadline) break;
     }
-    const TimeNs e = TransmitNs(q.length);
-    if (now + used + e > deadline) break;
     used += e;
     TakeOne(out);
+    if (now + used > deadline) break;  // an overrunning head is sent alone
   }
-  if (out.segments.empty()) return false;  // hold until D + slack (NextWakeup)
   if (out.segments.size() > 1) ++blocks_formed_;
   window_.Acquire(out.bytes);
   return true;
@@ -174,9 +199,9 @@ TimeNs ProphetPolicy::NextWakeup(TimeNs now) const {
   const Segment& head = queue_.Top();
   const TimeNs deadline = Plans(head) ? Deadline(head.priority) : kNever;
   if (deadline == kNever || now >= deadline + kProphetLateSlack) return now;
-  if (now + TransmitNs(window_.in_use()) + TransmitNs(head.length) > deadline) {
-    return deadline + kProphetLateSlack;
-  }
+  // A hold only gets longer as time passes without an event (an ack or a ready range, which
+  // re-run NextDispatch anyway), so the next chance is when the prediction fails.
+  if (HoldHead(now, deadline, head.length)) return deadline + kProphetLateSlack;
   return now;
 }
 

@@ -24,10 +24,25 @@
 //
 // Backward phase (push segments of the current iteration, gradient 0 not yet ready): lines
 //   6–10. T_used starts at (bytes already in flight) / B — the block starts after them — and
-//   ready segments are taken in priority order while now + T_used + E(q) <= D(q); all taken go
-//   out as ONE Dispatch (a block). If not even the first fits, the policy holds: NextDispatch
-//   returns false and NextWakeup returns D + kLateSlack. While something is in flight, a block
-//   is also kept within the credit window; with nothing in flight it is bounded by time only.
+//   ready segments are taken in priority order while now + T_used + E(q) <= D(q) and the block
+//   stays within the free credit; all taken go out as ONE Dispatch (a block: one message per
+//   peer, one per-message overhead). A block is one commit, so it never exceeds the window.
+// Hold rule (gradlane's change to Alg. 1, work-conserving). If the head segment does not fit
+//   before D (start = now + T_used, end = start + E):
+//   * D is an intermediate gradient's (earlier than gradient 0's expected arrival): send the
+//     head alone. Holding would idle the link, and that link time is never recovered when
+//     communication dominates; the intermediate gradient still overtakes everything queued
+//     when it arrives and waits only behind the committed window, as after a hold.
+//   * D is gradient 0's (its pull gates the next forward pass): hold iff
+//     overrun (end − D) >= idle (D − start), i.e. only when sending would delay gradient 0 by
+//     more than the link time the hold wastes; a tie holds (Fig. 5). NextWakeup = D + slack.
+//   Measured in gradlane-sim (8 profiles × 1/3/10/25 Gbit/s, W = 3; docs/simulator.md):
+//   the paper's hold-whenever-it-does-not-fit rule with credit 2δ was 1.128× the ideal bound
+//   (geomean; worst 1.47×, resnet18 3 Gbit/s) and slower than fifo in 19 of 32 cases; the
+//   overrun-vs-idle rule for every deadline with credit 4δ 1.077×; never holding 1.052×;
+//   the rule above with blocks bounded by the window 1.049× (worst 1.18×), never more than
+//   1.2% behind fifo or bytescheduler. Partition size from live bandwidth was measured too
+//   (δ = 1 or 2 MiB, window kept at 16 MiB): 1.057× and 1.049×, so δ stays 4 MiB.
 // Late or unknown. If the more-urgent gradient that D waits for has not arrived by
 //   D + kLateSlack, or any more-urgent tensor has no learned c yet (the whole first iteration),
 //   the prediction is useless: segments go one by one in priority order under the credit
@@ -41,12 +56,10 @@
 //   one, no block planning and no learning. They share the one queue, so a hold of the head
 //   segment also holds whatever is less urgent behind it, pulls included.
 //
-// Consequence worth knowing: a partition whose E exceeds the gap to the next predicted gradient
-// is held (the paper's Constraint 11), so δ should be small relative to the step intervals.
-//
-// Defaults: δ = 4 MiB (as ByteScheduler), credit = 2 δ (lets the next unit be committed while
-// one drains, removing the ack bubble of pure one-by-one; blocks are not limited by it when the
-// link is idle).
+// Defaults: δ = 4 MiB (as ByteScheduler), credit = 4 δ (as ByteScheduler). The window has to
+// cover the acknowledgement delay, which includes queueing at the receiver's downlink shared
+// with the other workers: with 2 δ the policies here lose up to 64% when link-bound (measured:
+// prophet 1.077× → 1.108× of the ideal bound, bytescheduler up to 1.64×).
 //
 // Thread rules and allocation: as Policy. RegisterTensor may allocate (control path);
 // OnReady/NextDispatch/OnAcked do not once the queue and the Dispatch vector reached their
@@ -68,7 +81,7 @@
 namespace gradlane::sched {
 
 inline constexpr uint64_t kProphetDefaultPartitionBytes = 4ull << 20;
-inline constexpr uint64_t kProphetDefaultCreditPartitions = 2;
+inline constexpr uint64_t kProphetDefaultCreditPartitions = 4;
 // How long past its predicted time a more-urgent gradient may still be waited for.
 inline constexpr TimeNs kProphetLateSlack = 200 * kMicrosecond;
 
@@ -122,6 +135,10 @@ class ProphetPolicy final : public Policy {
   // `priority` in the current iteration; kNever if none.
   TimeNs Deadline(Priority priority) const;
   bool Plans(const Segment& s) const;
+  // Absolute expected arrival of gradient 0 in this iteration; kNever if ready, absent or none.
+  TimeNs Gradient0Expected() const;
+  // Whether the head segment (deadline D = Deadline(head), planned) is held (see header).
+  bool HoldHead(TimeNs now, TimeNs deadline, uint64_t head_bytes) const;
   TimeNs TransmitNs(uint64_t bytes) const;
   void TakeOne(Dispatch& out);
 
