@@ -158,7 +158,14 @@ void Engine<T>::Housekeeping_st(TimeNs now) {
       ReleaseJob_st(job);
       continue;
     }
-    if (job.failed) continue;
+    if (job.failed) {
+      // Stop accepting peers for it (outside any transport callback), so the same job id can be
+      // registered again while this session lingers: a dialer meanwhile gets unknown_job and
+      // redials. The price: a peer that dials after the failure learns of it only through its
+      // connect deadline, not through the original reason.
+      RemoveFromTransport_st(job);
+      continue;
+    }
     for (uint16_t r = 0; r < job.world; ++r) {
       JobPeer& p = job.peers[r];
       if (r == job.rank || p.retry_at == 0 || now < p.retry_at) continue;
@@ -300,6 +307,11 @@ JobError Engine<T>::SetUpJob_st(Session& session, Job& job, TimeNs now) {
   job.dispatches.reserve(256);
   job.peers.assign(job.world, JobPeer{});
   job.connect_started = now;
+  for (auto& other : jobs_) {
+    if (other != nullptr && other->failed && other->wire_id == job.wire_id) {
+      RemoveFromTransport_st(*other);  // a failed earlier run of this job id, still lingering
+    }
+  }
   if (job.world > 1) {
     transport::JobCredentials creds{job.wire_id, job.rank, job.world, job.info.auth_token};
     if (absl::Status s = transport_->AddJob_st(creds); !s.ok()) {
@@ -384,6 +396,15 @@ void Engine<T>::FailJob_st(Job& job, gl_status status, const std::string& reason
 }
 
 template <class T>
+void Engine<T>::RemoveFromTransport_st(Job& job) {
+  if (!job.added_to_transport) return;
+  job.added_to_transport = false;
+  if constexpr (requires(T& t) { t.RemoveJob_st(uint64_t{0}); }) {
+    (void)transport_->RemoveJob_st(job.wire_id);
+  }
+}
+
+template <class T>
 void Engine<T>::ReleaseJob_st(Job& job) {
   FailJob_st(job, GL_E_DISCONNECTED, "released");
   // Every send from these regions was failed by Disconnect_st, so they can go.
@@ -392,11 +413,7 @@ void Engine<T>::ReleaseJob_st(Job& job) {
     if (*r != transport::kNoRegion) (void)transport_->UnregisterRegion_st(*r);
     *r = transport::kNoRegion;
   }
-  if constexpr (requires(T& t) { t.RemoveJob_st(uint64_t{0}); }) {
-    if (job.added_to_transport && !job_by_wire_.contains(job.wire_id)) {
-      (void)transport_->RemoveJob_st(job.wire_id);
-    }
-  }
+  RemoveFromTransport_st(job);
   if (job.arena != nullptr) {
     ::munmap(job.arena, job.arena_bytes);
     job.arena = nullptr;

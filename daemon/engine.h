@@ -145,6 +145,8 @@ class Engine final : public PostSink, public transport::TransportHandler {
   bool EndJob_st(Job& job, sched::TimeNs now);
   void FailJob_st(Job& job, gl_status status, const std::string& reason);
   void ReleaseJob_st(Job& job);
+  // Stops accepting peers of the job (TCP: RemoveJob_st). Never from inside a callback.
+  void RemoveFromTransport_st(Job& job);
   void Housekeeping_st(sched::TimeNs now);
 
   // Worker role.

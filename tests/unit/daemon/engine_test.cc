@@ -830,6 +830,25 @@ TEST(EngineTcpTest, MalformedFramesAndWrongTokenAreRejectedAndCounted) {
   RunJob(cluster, ok, 2, false);
 }
 
+TEST(EngineTcpTest, AFailedJobIdCanBeRegisteredAgainWhileItsSessionsLinger) {
+  EngineOptions o = TestOptions();
+  o.transport.connect_deadline = 2 * sched::kSecond;
+  TcpCluster cluster(2, o, "again");
+  JobSpec job{"tcp-again", 2, "bytescheduler", "right", AwkwardTensors(), 25, cluster.peers()};
+  RankClient first[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      ASSERT_EQ(first[r].Setup(cluster.socket(r), job, r, r == 1 ? "wrong" : ""), GL_OK);
+      const int n = first[r].Post(job, r, 0, 0, job.tensors.size());
+      for (int s : first[r].Wait(n)) EXPECT_NE(s, GL_OK);
+    });
+  }
+  for (auto& t : threads) t.join();
+  // The failed sessions stay open; the same job id, registered anew, runs bit-exact.
+  RunJob(cluster, job, 2, false);
+}
+
 TEST(EngineTcpTest, PeerDaemonStoppingFailsPendingPosts) {
   TcpCluster cluster(3, TestOptions(), "stop");
   JobSpec job{"tcp-stop", 3, "bytescheduler", "secret", AwkwardTensors(), 24, cluster.peers()};
