@@ -775,21 +775,7 @@ void TcpTransport::Refuse(Connection& c, FrameType type, WireError code, const a
   const ConnState was = c.state;
   c.state = ConnState::kLingering;
   c.attempt_deadline = now + std::min(kMaxLinger, options_.peer_timeout);
-  const bool report = c.known;
-  c.known = false;
-  for (uint64_t idx = c.ack_idx; idx != c.post_idx; ++idx) {
-    const PendingSend& s = c.Slot(idx);
-    c.counters.sends_failed.Add_st(1);
-    counters_.total.sends_failed.Add_st(1);
-    handler_->OnSendFailed_st(SendCompletion{HandleOf(c), s.cookie, s.header.key, s.header.iteration,
-                                             s.header.offset, s.header.length},
-                              why);
-  }
-  c.ack_idx = c.write_idx = c.post_idx;
-  if (report) {
-    counters_.peers_down.Add_st(1);
-    handler_->OnPeerDown_st(InfoOf(c), why);
-  }
+  FailPendingAndReportDown(c, why);
   if (!can_say_why || c.fd < 0 || was == ConnState::kConnecting) {
     Teardown(c, why);
     return;
@@ -810,10 +796,9 @@ void TcpTransport::Refuse(Connection& c, FrameType type, WireError code, const a
   MarkDirty(c);
 }
 
-void TcpTransport::Teardown(Connection& c, const absl::Status& why) {
-  if (c.state == ConnState::kDead || c.state == ConnState::kFree) return;
-  c.state = ConnState::kDead;
-  CloseFd(c);
+// Every send still pending on `c` fails, in post order, before the engine hears the peer is
+// down, so it never sees a peer-down with sends of that peer still outstanding.
+void TcpTransport::FailPendingAndReportDown(Connection& c, const absl::Status& why) {
   const bool report = c.known;
   c.known = false;
   for (uint64_t idx = c.ack_idx; idx != c.post_idx; ++idx) {
@@ -829,6 +814,13 @@ void TcpTransport::Teardown(Connection& c, const absl::Status& why) {
     counters_.peers_down.Add_st(1);
     handler_->OnPeerDown_st(InfoOf(c), why);
   }
+}
+
+void TcpTransport::Teardown(Connection& c, const absl::Status& why) {
+  if (c.state == ConnState::kDead || c.state == ConnState::kFree) return;
+  c.state = ConnState::kDead;
+  CloseFd(c);
+  FailPendingAndReportDown(c, why);
   dead_slots_.push_back(static_cast<uint32_t>(&c - conns_.data()));
 }
 

@@ -134,6 +134,7 @@ class TcpTransport final {
   void Refuse(Connection& c, FrameType type, WireError code, const absl::Status& why, TimeNs now);
   // Tears the connection down now: fails pending sends, reports down (when it was a peer the
   // engine knows: an outbound handle or an inbound one that came up), closes the socket.
+  void FailPendingAndReportDown(Connection& c, const absl::Status& why);
   void Teardown(Connection& c, const absl::Status& why);
   void CloseFd(Connection& c);
   void ReleaseDeadSlots();
