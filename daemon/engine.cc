@@ -385,6 +385,12 @@ void Engine<T>::FailJob_st(Job& job, gl_status status, const std::string& reason
   // Disconnect fails the pending sends (callbacks re-enter and find the job failed).
   const TimeNs now = SessionServer::MonotonicNow();
   for (JobPeer& p : job.peers) {
+    if (p.in != transport::kNoPeer) {
+      // Peers that wait on us (pull responses, contributions) learn of the failure here.
+      const PeerHandle h = p.in;
+      p.in = transport::kNoPeer;
+      transport_->Disconnect_st(h, now);
+    }
     if (p.out == transport::kNoPeer) continue;
     const PeerHandle h = p.out;
     p.out = transport::kNoPeer;
@@ -468,7 +474,15 @@ void Engine<T>::Complete_st(const PostDescriptor& post, gl_status status) {
 template <class T>
 void Engine<T>::OnPeerUp_st(const transport::PeerInfo& peer) {
   auto it = out_handles_.find(peer.handle);
-  if (it == out_handles_.end()) return;  // inbound: the peer sends on it, we only receive
+  if (it == out_handles_.end()) {
+    // Inbound: the peer sends on it, we only receive; remembered so a failing job can close it
+    // (the peer may be waiting on us with nothing of its own in flight).
+    Job* job = JobByWire(peer.job_id);
+    if (job != nullptr && peer.rank < job->world && peer.rank != job->rank) {
+      job->peers[peer.rank].in = peer.handle;
+    }
+    return;
+  }
   Job* job = jobs_[it->second.slot].get();
   if (job == nullptr || job->generation != it->second.generation || job->failed) return;
   JobPeer& p = job->peers[it->second.rank];
@@ -519,6 +533,9 @@ void Engine<T>::OnPeerDown_st(const transport::PeerInfo& peer, const absl::Statu
   // An inbound connection that had come up: the peer's daemon closed its side of the job.
   Job* job = JobByWire(peer.job_id);
   if (job == nullptr || job->failed) return;
+  if (peer.rank < job->world && job->peers[peer.rank].in == peer.handle) {
+    job->peers[peer.rank].in = transport::kNoPeer;
+  }
   if (peer.rank < job->world && job->peers[peer.rank].left) return;
   FailJob_st(*job, StatusFor(why),
              absl::StrCat("job ", job->info.job_id, ": connection from rank ", peer.rank,

@@ -124,6 +124,7 @@ enum class PeerState : uint8_t { kConnecting, kUp, kDown };
 struct JobPeer {
   std::string address;
   transport::PeerHandle out = transport::kNoPeer;  // our dialed connection: all our sends
+  transport::PeerHandle in = transport::kNoPeer;   // the connection it dialed: its sends
   PeerState state = PeerState::kConnecting;
   bool ever_up = false;      // the outbound connection came up once
   bool manifest_ok = false;  // its manifest arrived and matched ours
