@@ -16,10 +16,16 @@
 // The policy's credit returns when the peer acknowledges a whole Dispatch; the bandwidth/RTT
 // estimator is fed by sends and acks and pushed into the policy every few milliseconds.
 //
+// Implementation by concern: engine.cc (loop, job lifecycle, transport callbacks),
+// worker_role.cc, ps_role.cc, engine_sched.cc (policy → sends, credit, online tuning).
+//
 // Faults (each ends in error completions, never a hang or a crash):
 //   - client death: the session server reclaims the session; the engine notices within one
 //     control interval, fails and releases the job (its arena alias is unmapped only after the
-//     transport has dropped every send from it) and disconnects its peers, whose jobs fail.
+//     transport has dropped every send from it) and closes every connection of the job, both
+//     directions, so peers fail even if they were only waiting on this rank.
+//   - clean end: a client that closes with nothing pending first lets its shard finish the pull
+//     responses it owes, then sends a leave frame; peers do not count the disconnect as a fault.
 //   - peer death or timeout: the transport fails pending sends and reports the peer down; the
 //     job fails (GL_E_DISCONNECTED / GL_E_TIMEOUT) and disconnects its other peers.
 //   - wrong token: the peer refuses the hello; the job fails with GL_E_PERMISSION.
