@@ -273,7 +273,7 @@ gl_status Session::Validate(const gl_sqe& e, PostDescriptor* post) {
   // leave the peers waiting for a contribution that never comes.
   if (e.iteration < 0) return GL_E_BAD_ITERATION;
   if (t.last_iteration >= 0 &&
-      (e.iteration < t.last_iteration || e.iteration > t.last_iteration + 1)) {
+      (e.iteration < t.last_iteration || e.iteration - t.last_iteration > 1)) {  // no overflow at INT64_MAX
     return GL_E_BAD_ITERATION;
   }
   t.last_iteration = e.iteration;

@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <limits>
 #include <vector>
 
 #include "daemon/session_server.h"
@@ -537,7 +538,20 @@ TEST(Validation, EveryMalformedDescriptorClassGetsAnErrorCompletion) {
   ASSERT_EQ(gl_post(c.get(), id, 11, 0, 64, 5), GL_OK);  // and the session goes on
   EXPECT_EQ(WaitOne(c.get()).status, GL_OK);
 
-  const size_t expect_bad = before_job.size() + cases.size() + 2;
+  // The largest iteration a client can name: checking "at most last + 1" must not overflow
+  // there (UBSan fails this test if it does), and going back from it is still refused.
+  uint32_t id_max;
+  void* buf_max;
+  ASSERT_EQ(gl_register_tensor(c.get(), "t_max", 64, GL_DTYPE_F32, 0, &id_max, &buf_max), GL_OK);
+  constexpr int64_t kLast = std::numeric_limits<int64_t>::max();
+  ASSERT_EQ(gl_post(c.get(), id_max, kLast, 0, 16, 6), GL_OK);
+  EXPECT_EQ(WaitOne(c.get()).status, GL_OK);
+  ASSERT_EQ(gl_post(c.get(), id_max, kLast, 16, 16, 7), GL_OK);
+  EXPECT_EQ(WaitOne(c.get()).status, GL_OK);
+  ASSERT_EQ(gl_post(c.get(), id_max, 0, 0, 16, 8), GL_OK);
+  EXPECT_EQ(WaitOne(c.get()).status, GL_E_BAD_ITERATION);
+
+  const size_t expect_bad = before_job.size() + cases.size() + 3;
   ASSERT_TRUE(env.WaitFor([&](const SessionServerStats& s) {
     return s.bad_descriptors == expect_bad;
   }));
@@ -547,8 +561,8 @@ TEST(Validation, EveryMalformedDescriptorClassGetsAnErrorCompletion) {
   EXPECT_EQ(s.bad_by_status[GL_E_BAD_DESCRIPTOR], 3u);
   EXPECT_EQ(s.bad_by_status[GL_E_BAD_TENSOR], 2u);
   EXPECT_EQ(s.bad_by_status[GL_E_BAD_RANGE], 6u);
-  EXPECT_EQ(s.bad_by_status[GL_E_BAD_ITERATION], 3u);
-  EXPECT_EQ(s.posts_ok, 3u);
+  EXPECT_EQ(s.bad_by_status[GL_E_BAD_ITERATION], 4u);
+  EXPECT_EQ(s.posts_ok, 5u);
   EXPECT_EQ(s.sessions_active, 1u);
   EXPECT_EQ(s.corrupt_disconnects, 0u);
 }
