@@ -276,8 +276,36 @@ gl_status Session::Validate(const gl_sqe& e, PostDescriptor* post) {
       (e.iteration < t.last_iteration || e.iteration - t.last_iteration > 1)) {  // no overflow at INT64_MAX
     return GL_E_BAD_ITERATION;
   }
+  if (e.iteration != t.last_iteration) t.posted_count = 0;  // a new iteration starts empty
+  if (!t.RecordPosted(e.offset, e.offset + e.length)) return GL_E_BAD_RANGE;
   t.last_iteration = e.iteration;
   return GL_OK;
+}
+
+bool TensorInfo::RecordPosted(uint64_t begin, uint64_t end) {
+  // `posted` is sorted by begin; find the first range that ends at or after `begin`.
+  int i = 0;
+  while (i < posted_count && posted[i].second < begin) ++i;
+  if (i < posted_count && posted[i].first < end && begin < posted[i].second) return false;
+  if (i + 1 < posted_count && posted[i + 1].first < end) return false;
+  const bool joins_left = i < posted_count && posted[i].second == begin;
+  const int right = joins_left ? i + 1 : i;
+  const bool joins_right = right < posted_count && posted[right].first == end;
+  if (joins_left && joins_right) {  // fills the gap between two ranges: they become one
+    posted[i].second = posted[right].second;
+    for (int k = right; k + 1 < posted_count; ++k) posted[k] = posted[k + 1];
+    --posted_count;
+  } else if (joins_left) {
+    posted[i].second = end;
+  } else if (joins_right) {
+    posted[right].first = begin;
+  } else {
+    if (posted_count == kMaxPostedRanges) return false;
+    for (int k = posted_count; k > i; --k) posted[k] = posted[k - 1];
+    posted[i] = {begin, end};
+    ++posted_count;
+  }
+  return true;
 }
 
 uint32_t Session::PollSubmissions(PostSink* sink, uint32_t budget, bool* corrupt) {

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -56,6 +57,19 @@ struct TensorInfo {
   int32_t priority = GL_PRIORITY_AUTO;
   uint64_t offset = 0;  // buffer's offset in the arena
   int64_t last_iteration = -1;  // -1: never posted
+
+  // Bytes of last_iteration already posted, as disjoint [begin, end) ranges, adjacent ones
+  // merged. The shard counts contributed bytes, so a byte posted twice in one iteration would
+  // complete a partition with bytes never posted and corrupt the sum on every rank: it is
+  // refused (GL_E_BAD_RANGE). Fixed capacity, so validation never allocates; posting in order
+  // (or in a few out-of-order pieces) keeps one or a few ranges whatever the piece count.
+  static constexpr int kMaxPostedRanges = 64;
+  std::array<std::pair<uint64_t, uint64_t>, kMaxPostedRanges> posted{};
+  int posted_count = 0;
+
+  // Records [begin, end) for the current iteration; false (nothing recorded) if it overlaps
+  // bytes already posted or would need more than kMaxPostedRanges disjoint ranges.
+  bool RecordPosted(uint64_t begin, uint64_t end);
 };
 
 // A submission that passed validation, as the engine receives it.

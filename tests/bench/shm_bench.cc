@@ -210,9 +210,9 @@ std::vector<int64_t> ClientRoundTrip(bool spinning_server, int count, int64_t ga
   for (int i = 0; i < count; ++i) {
     BusyUntil(Now() + gap_ns);
     const int64_t t0 = Now();
-    if (gl_post(b.c, b.id, 0, 0, 4096, i) != GL_OK) std::abort();
+    if (gl_post(b.c, b.id, i, 0, 4096, i) != GL_OK) std::abort();  // each byte once per iteration
     uint32_t n = 0;
-    if (gl_wait(b.c, &out, 1, &n, 1000) != GL_OK || n != 1) std::abort();
+    if (gl_wait(b.c, &out, 1, &n, 1000) != GL_OK || n != 1 || out.status != GL_OK) std::abort();
     lat.push_back(Now() - t0);
   }
   return lat;
@@ -224,7 +224,8 @@ double ClientThroughput(uint64_t count) {
   uint64_t posted = 0, done = 0;
   const int64_t t0 = Now();
   while (done < count) {
-    while (posted < count && gl_post(b.c, b.id, 0, (posted % 256) * 4096, 4096, posted) == GL_OK) {
+    while (posted < count &&
+           gl_post(b.c, b.id, static_cast<int64_t>(posted / 256), (posted % 256) * 4096, 4096, posted) == GL_OK) {
       ++posted;
     }
     uint32_t n = 0;

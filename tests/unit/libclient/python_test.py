@@ -73,7 +73,7 @@ def run(sock):
         # Backpressure: without polling, posts eventually return False.
         posted = 0
         for i in range(10_000):
-            if not c.post(t.id, iteration=1, user_data=100 + i):
+            if not c.post(t.id, iteration=1 + i, user_data=100 + i):  # one post per iteration
                 break
             posted += 1
         assert 0 < posted < 10_000, posted

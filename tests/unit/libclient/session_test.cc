@@ -18,8 +18,10 @@
 #include <string>
 #include <thread>
 #include <limits>
+#include <random>
 #include <vector>
 
+#include "daemon/session.h"
 #include "daemon/session_server.h"
 #include "libclient/gradlane.h"
 #include "libclient/gradlane.hpp"
@@ -211,7 +213,7 @@ TEST(Session, OneThreadPostsAnotherWaits) {
   constexpr uint64_t kPosts = 100'000;
   std::thread poster([&] {
     for (uint64_t i = 0; i < kPosts;) {
-      const int s = gl_post(c.get(), id, 0, 0, 64, i);
+      const int s = gl_post(c.get(), id, static_cast<int64_t>(i), 0, 64, i);  // one post per iteration
       if (s == GL_OK) {
         ++i;
       } else if (s == GL_E_AGAIN) {
@@ -551,7 +553,34 @@ TEST(Validation, EveryMalformedDescriptorClassGetsAnErrorCompletion) {
   ASSERT_EQ(gl_post(c.get(), id_max, 0, 0, 16, 8), GL_OK);
   EXPECT_EQ(WaitOne(c.get()).status, GL_E_BAD_ITERATION);
 
-  const size_t expect_bad = before_job.size() + cases.size() + 3;
+  // A byte posted twice in one iteration is refused (the shard counts contributed bytes, so it
+  // would complete a partition with bytes never posted); the same bytes next iteration are fine.
+  uint32_t id_dup;
+  void* buf_dup;
+  ASSERT_EQ(gl_register_tensor(c.get(), "t_dup", 64, GL_DTYPE_F32, 0, &id_dup, &buf_dup), GL_OK);
+  struct Piece {
+    int64_t iteration;
+    uint64_t offset, length;
+    gl_status want;
+  };
+  const Piece pieces[] = {
+      {0, 16, 16, GL_OK},           // [16,32)
+      {0, 16, 16, GL_E_BAD_RANGE},  // the same bytes again
+      {0, 8, 16, GL_E_BAD_RANGE},   // overlaps on the left
+      {0, 0, 16, GL_OK},            // adjacent: [0,32)
+      {0, 48, 16, GL_OK},           // [0,32) [48,64)
+      {0, 28, 24, GL_E_BAD_RANGE},  // spans the gap and both neighbours
+      {0, 32, 16, GL_OK},           // fills the gap: [0,64)
+      {0, 60, 4, GL_E_BAD_RANGE},   // inside what is already posted
+      {1, 0, 64, GL_OK},            // next iteration starts empty
+  };
+  for (const Piece& p : pieces) {
+    ASSERT_EQ(gl_post(c.get(), id_dup, p.iteration, p.offset, p.length, 9), GL_OK);
+    EXPECT_EQ(WaitOne(c.get()).status, p.want) << "iteration " << p.iteration << " ["
+                                               << p.offset << ", +" << p.length << ")";
+  }
+
+  const size_t expect_bad = before_job.size() + cases.size() + 3 + 4;
   ASSERT_TRUE(env.WaitFor([&](const SessionServerStats& s) {
     return s.bad_descriptors == expect_bad;
   }));
@@ -560,11 +589,47 @@ TEST(Validation, EveryMalformedDescriptorClassGetsAnErrorCompletion) {
   EXPECT_EQ(s.bad_by_status[GL_E_BAD_OPCODE], 2u);
   EXPECT_EQ(s.bad_by_status[GL_E_BAD_DESCRIPTOR], 3u);
   EXPECT_EQ(s.bad_by_status[GL_E_BAD_TENSOR], 2u);
-  EXPECT_EQ(s.bad_by_status[GL_E_BAD_RANGE], 6u);
+  EXPECT_EQ(s.bad_by_status[GL_E_BAD_RANGE], 6u + 4u);
   EXPECT_EQ(s.bad_by_status[GL_E_BAD_ITERATION], 4u);
-  EXPECT_EQ(s.posts_ok, 5u);
+  EXPECT_EQ(s.posts_ok, 5u + 5u);
   EXPECT_EQ(s.sessions_active, 1u);
   EXPECT_EQ(s.corrupt_disconnects, 0u);
+}
+
+TEST(Validation, PostedRangesMatchAByteMap) {
+  // RecordPosted against the obvious reference: a flag per byte. Random pieces of a 256-byte
+  // tensor; a piece is accepted exactly when none of its bytes was posted and the disjoint
+  // ranges still fit the fixed capacity.
+  std::mt19937 rng(7);
+  for (int round = 0; round < 2000; ++round) {
+    gradlane::daemon::TensorInfo t;
+    std::vector<bool> used(256, false);
+    for (int step = 0; step < 40; ++step) {
+      const uint64_t begin = rng() % 256;
+      const uint64_t end = begin + 1 + rng() % std::min<uint64_t>(24, 256 - begin);
+      bool free = true;
+      for (uint64_t b = begin; b < end; ++b) free = free && !used[b];
+      const int before = t.posted_count;
+      const bool ok = t.RecordPosted(begin, end);
+      if (!free) {
+        ASSERT_FALSE(ok) << begin << ".." << end;
+        continue;
+      }
+      if (!ok) {  // only for lack of room, never for a free piece that would merge
+        ASSERT_EQ(before, gradlane::daemon::TensorInfo::kMaxPostedRanges);
+        continue;
+      }
+      for (uint64_t b = begin; b < end; ++b) used[b] = true;
+      // The recorded ranges are exactly the used bytes, sorted, disjoint and not adjacent.
+      std::vector<bool> seen(256, false);
+      for (int k = 0; k < t.posted_count; ++k) {
+        ASSERT_LT(t.posted[k].first, t.posted[k].second);
+        if (k > 0) ASSERT_LT(t.posted[k - 1].second, t.posted[k].first);
+        for (uint64_t b = t.posted[k].first; b < t.posted[k].second; ++b) seen[b] = true;
+      }
+      ASSERT_EQ(seen, used);
+    }
+  }
 }
 
 TEST(Validation, FullRingBackpressureWhenClientStopsDraining) {
@@ -577,10 +642,11 @@ TEST(Validation, FullRingBackpressureWhenClientStopsDraining) {
   ASSERT_EQ(gl_register_tensor(c.get(), "t", 64, GL_DTYPE_F32, 0, &id, &buf), GL_OK);
   // Without draining completions: the daemon takes at most as many submissions as it has
   // completion slots (16), the submission ring holds 16 more, then gl_post says GL_E_AGAIN.
+  // Each post is the next iteration of the whole tensor (a byte may be posted once per iteration).
   uint64_t accepted = 0;
   auto post_until_full = [&] {
     int s;
-    while ((s = gl_post(c.get(), id, 0, 0, 64, accepted)) == GL_OK) ++accepted;
+    while ((s = gl_post(c.get(), id, static_cast<int64_t>(accepted), 0, 64, accepted)) == GL_OK) ++accepted;
     ASSERT_EQ(s, GL_E_AGAIN);
   };
   post_until_full();
@@ -590,7 +656,7 @@ TEST(Validation, FullRingBackpressureWhenClientStopsDraining) {
   EXPECT_EQ(accepted, 2 * kSlots);
   // And it stays that way: the daemon does not take more while no completion is consumed.
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  EXPECT_EQ(gl_post(c.get(), id, 0, 0, 64, accepted), GL_E_AGAIN);
+  EXPECT_EQ(gl_post(c.get(), id, static_cast<int64_t>(accepted), 0, 64, accepted), GL_E_AGAIN);
   EXPECT_EQ(env.Stats().posts_ok, kSlots);
   // Drain: everything comes back in order, and posting works again.
   uint64_t next = 0;
@@ -600,7 +666,7 @@ TEST(Validation, FullRingBackpressureWhenClientStopsDraining) {
     ASSERT_EQ(gl_wait(c.get(), out, 8, &n, 2000), GL_OK);
     for (uint32_t k = 0; k < n; ++k) EXPECT_EQ(out[k].user_data, next++);
   }
-  ASSERT_EQ(gl_post(c.get(), id, 0, 0, 64, 999), GL_OK);
+  ASSERT_EQ(gl_post(c.get(), id, static_cast<int64_t>(accepted), 0, 64, 999), GL_OK);
   EXPECT_EQ(WaitOne(c.get()).user_data, 999u);
 }
 
