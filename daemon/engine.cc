@@ -174,11 +174,14 @@ void Engine<T>::Housekeeping_st(TimeNs now) {
       if (job.failed) break;
     }
     if (job.failed) continue;
-    if (!job.all_up &&
+    // Both directions count: a peer whose dial into us was abandoned before its manifest came
+    // (not a failure by itself) must have come back by the deadline.
+    if ((!job.all_up || job.manifests_in + 1u < job.world) &&
         now - job.connect_started > options_.transport.connect_deadline) {
       FailJob_st(job, GL_E_TIMEOUT,
                  absl::StrCat("job ", job.info.job_id, ": peers not all up within the connect "
-                              "deadline (", job.peers_up, " of ", job.world - 1, ")"));
+                              "deadline (", job.peers_up, " of ", job.world - 1, " dialed, ",
+                              job.manifests_in, " dialed in)"));
       continue;
     }
     if (job.policy != nullptr && now - job.last_estimate_push >= kEstimateInterval) {
@@ -478,8 +481,12 @@ void Engine<T>::OnPeerUp_st(const transport::PeerInfo& peer) {
     // Inbound: the peer sends on it, we only receive; remembered so a failing job can close it
     // (the peer may be waiting on us with nothing of its own in flight).
     Job* job = JobByWire(peer.job_id);
-    if (job != nullptr && peer.rank < job->world && peer.rank != job->rank) {
-      job->peers[peer.rank].in = peer.handle;
+    if (job != nullptr && !job->failed && peer.rank < job->world && peer.rank != job->rank) {
+      // Before its manifest arrives, a newer connection from the rank supersedes an older one:
+      // the older was abandoned by the dialer mid-handshake (see OnPeerDown_st). Once the
+      // manifest came, the connection that carried it stays the rank's; a later one is stale.
+      JobPeer& p = job->peers[peer.rank];
+      if (!p.manifest_ok || p.in == transport::kNoPeer) p.in = peer.handle;
     }
     return;
   }
@@ -530,13 +537,26 @@ void Engine<T>::OnPeerDown_st(const transport::PeerInfo& peer, const absl::Statu
                             ") down: ", why.message()));
     return;
   }
-  // An inbound connection that had come up: the peer's daemon closed its side of the job.
+  // An inbound connection that had come up.
   Job* job = JobByWire(peer.job_id);
-  if (job == nullptr || job->failed) return;
-  if (peer.rank < job->world && job->peers[peer.rank].in == peer.handle) {
-    job->peers[peer.rank].in = transport::kNoPeer;
+  if (job == nullptr || job->failed || peer.rank >= job->world || peer.rank == job->rank) return;
+  JobPeer& p = job->peers[peer.rank];
+  if (p.in != peer.handle) {
+    // Not the rank's connection: one it abandoned mid-handshake (superseded by a later dial).
+    return;
   }
-  if (peer.rank < job->world && job->peers[peer.rank].left) return;
+  p.in = transport::kNoPeer;
+  if (p.left) return;
+  if (!p.manifest_ok) {
+    // The dialer gave up on this attempt before the manifest came: typically its per-attempt
+    // timeout (connect_attempt_timeout) ran out while this engine thread was busy activating
+    // the job, so our kHelloOk reached a socket it had already closed. The dialer is redialing
+    // (and fails its own job if it cannot within the connect deadline, which closes our
+    // outbound connection to it); until then nothing of its can be waiting on us. Housekeeping
+    // fails the job if no manifest from it arrives within the connect deadline.
+    return;
+  }
+  // The peer's daemon closed its side of a job that was fully up.
   FailJob_st(*job, StatusFor(why),
              absl::StrCat("job ", job->info.job_id, ": connection from rank ", peer.rank,
                           " lost: ", why.message()));
@@ -665,6 +685,9 @@ void Engine<T>::OnRecvDone_st(const transport::PeerInfo& peer, const transport::
     if (m.magic == kManifestMagic && m.fingerprint == job->fingerprint &&
         m.tensor_count == job->manifest_out.tensor_count && m.world_size == job->world) {
       job->peers[r].manifest_ok = true;
+      ++job->manifests_in;
+      // This connection is the rank's from now on (it may not be the latest to have come up).
+      job->peers[r].in = peer.handle;
       return;
     }
     counters_.manifest_mismatches.Add_st(1);

@@ -124,7 +124,9 @@ enum class PeerState : uint8_t { kConnecting, kUp, kDown };
 struct JobPeer {
   std::string address;
   transport::PeerHandle out = transport::kNoPeer;  // our dialed connection: all our sends
-  transport::PeerHandle in = transport::kNoPeer;   // the connection it dialed: its sends
+  // The connection it dialed (its sends): the latest inbound one to come up until its manifest
+  // arrives, then the one that carried the manifest. Only that one failing fails the job.
+  transport::PeerHandle in = transport::kNoPeer;
   PeerState state = PeerState::kConnecting;
   bool ever_up = false;      // the outbound connection came up once
   bool manifest_ok = false;  // its manifest arrived and matched ours
@@ -206,6 +208,7 @@ struct Job {
   std::vector<JobPeer> peers;
   uint32_t peers_up = 0;
   bool all_up = false;  // every peer was up at once (dispatch may start)
+  uint32_t manifests_in = 0;  // peers whose manifest arrived and matched (manifest_ok)
   sched::TimeNs connect_started = 0;
 
   // Posts.

@@ -883,5 +883,70 @@ TEST(EngineTcpTest, PeerDaemonStoppingFailsPendingPosts) {
   }
 }
 
+
+// A dial that is abandoned mid-handshake, after the late rank's job became known: the dialer's
+// per-attempt timeout ran out while the acceptor's engine thread was busy activating the job, so
+// the acceptor accepts the hello (the inbound connection comes up) and then sees it closed. That
+// is not the job's peer going down: the dialer redials, and the job must run.
+TEST(EngineTcpTest, DialAbandonedMidHandshakeIsRetriedNotFatal) {
+  TcpCluster cluster(2, TestOptions(), "abandon");
+  JobSpec job{"tcp-abandon", 2, "bytescheduler", "secret", AwkwardTensors(), 26, cluster.peers()};
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] {
+    RankClient c;
+    ASSERT_EQ(c.Setup(cluster.socket(0), job, 0), GL_OK);
+    for (int64_t it = 0; it < 2; ++it) {
+      if (!c.Iterate(job, 0, it, false)) break;
+    }
+  });
+  // Rank 0 is active (knows the job); rank 1's daemon does not yet.
+  const auto end = Clock::now() + std::chrono::seconds(10);
+  while (cluster.Stats(0).jobs_active == 0 && Clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(cluster.Stats(0).jobs_active, 1u);
+  // Two attempts "from rank 1" that send a valid hello and close before any manifest: one
+  // after reading the kHelloOk (the inbound connection surely came up), one at once.
+  for (const bool read_reply : {true, false}) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(cluster.port(0));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    transport::FrameHeader h =
+        transport::MakeHeader(transport::FrameType::kHello, WireJobId(job.job_id), 1);
+    h.payload_bytes = transport::kHelloBodyBytes;
+    transport::HelloBody b;
+    std::memset(&b, 0, sizeof(b));
+    b.rank = 1;
+    b.world_size = 2;
+    b.token_bytes = static_cast<uint16_t>(job.token.size());
+    std::memcpy(b.token, job.token.data(), job.token.size());
+    uint8_t msg[sizeof(h) + sizeof(b)];
+    std::memcpy(msg, &h, sizeof(h));
+    std::memcpy(msg + sizeof(h), &b, sizeof(b));
+    ASSERT_EQ(::write(fd, msg, sizeof(msg)), static_cast<ssize_t>(sizeof(msg)));
+    if (read_reply) {
+      transport::FrameHeader reply{};
+      ASSERT_EQ(::recv(fd, &reply, sizeof(reply), MSG_WAITALL), static_cast<ssize_t>(sizeof(reply)));
+      ASSERT_EQ(transport::TypeOf(reply), transport::FrameType::kHelloOk);
+    }
+    ::close(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(cluster.Stats(0).jobs_failed, 0u);
+  // Rank 1 shows up; the job runs bit-exact on both ranks.
+  threads.emplace_back([&] {
+    RankClient c;
+    ASSERT_EQ(c.Setup(cluster.socket(1), job, 1), GL_OK);
+    for (int64_t it = 0; it < 2; ++it) {
+      if (!c.Iterate(job, 1, it, false)) break;
+    }
+  });
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(cluster.Stats(i).jobs_failed, 0u) << "daemon " << i;
+}
+
 }  // namespace
 }  // namespace gradlane::daemon
