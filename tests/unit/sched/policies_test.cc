@@ -12,22 +12,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/unit/heap_counter.h"  // counts heap allocations for the no-allocation tests
 #include "sched/policies/prophet.h"
 #include "sched/policy.h"
 
-// Counts heap allocations so the steady-state test can assert there are none.
-namespace {
-std::atomic<uint64_t> g_allocations{0};
-}  // namespace
-// noinline keeps GCC from pairing the inlined malloc with the free below and warning.
-__attribute__((noinline)) void* operator new(std::size_t n) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  void* p = std::malloc(n == 0 ? 1 : n);
-  if (p == nullptr) std::abort();
-  return p;
-}
-__attribute__((noinline)) void operator delete(void* p) noexcept { std::free(p); }
-__attribute__((noinline)) void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace gradlane::sched {
 namespace {
@@ -658,7 +646,7 @@ TEST(PolicyPropertyTest, NoAllocationInSteadyState) {
     d.segments.reserve(4096);
     auto run_iteration = [&](int64_t it, uint64_t* allocations) {
       TimeNs now = it * kSecond;
-      const uint64_t before = g_allocations.load();
+      const uint64_t before = gradlane_test::HeapAllocations();
       uint64_t pending = 0;
       for (ReadyRange r : ranges) {
         r.iteration = it;
@@ -678,7 +666,7 @@ TEST(PolicyPropertyTest, NoAllocationInSteadyState) {
         p->OnAcked(pending, now);
         pending = 0;
       }
-      *allocations = g_allocations.load() - before;
+      *allocations = gradlane_test::HeapAllocations() - before;
     };
     uint64_t first = 0, second = 0, steady = 0;
     run_iteration(1, &first);

@@ -7,20 +7,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/unit/heap_counter.h"  // counts heap allocations for the no-allocation tests
 
-// Counts heap allocations so the steady-state test can assert there are none.
-namespace {
-std::atomic<uint64_t> g_allocations{0};
-}  // namespace
-// noinline keeps GCC from pairing the inlined malloc with the free below and warning.
-__attribute__((noinline)) void* operator new(std::size_t n) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  void* p = std::malloc(n == 0 ? 1 : n);
-  if (p == nullptr) std::abort();
-  return p;
-}
-__attribute__((noinline)) void operator delete(void* p) noexcept { std::free(p); }
-__attribute__((noinline)) void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace gradlane::sched {
 namespace {
@@ -149,21 +137,21 @@ TEST(ReadyQueueTest, NoAllocationOnceGrown) {
   for (Segment& s : segs) s = RandomSegment(rng);
   ReadyQueue q;
   q.Reserve(segs.size());
-  const uint64_t before = g_allocations.load();
+  const uint64_t before = gradlane_test::HeapAllocations();
   for (int round = 0; round < 3; ++round) {
     for (const Segment& s : segs) q.Push(s);
     while (!q.empty()) q.Pop();
   }
-  EXPECT_EQ(g_allocations.load(), before);
+  EXPECT_EQ(gradlane_test::HeapAllocations(), before);
 
   // Without Reserve: the first round grows it, later rounds reuse the storage.
   ReadyQueue grown;
   for (const Segment& s : segs) grown.Push(s);
   while (!grown.empty()) grown.Pop();
-  const uint64_t after_warmup = g_allocations.load();
+  const uint64_t after_warmup = gradlane_test::HeapAllocations();
   for (const Segment& s : segs) grown.Push(s);
   while (!grown.empty()) grown.Pop();
-  EXPECT_EQ(g_allocations.load(), after_warmup);
+  EXPECT_EQ(gradlane_test::HeapAllocations(), after_warmup);
 }
 
 }  // namespace

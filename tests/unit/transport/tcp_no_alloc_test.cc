@@ -7,25 +7,13 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/unit/heap_counter.h"  // counts heap allocations
 #include "tests/unit/transport/recording_handler.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace {
-std::atomic<bool> counting{false};
-std::atomic<long> allocations{0};
 void* volatile sink = nullptr;
 }  // namespace
-
-// GCC cannot see that the replaced operator new below is malloc-based.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-
-void* operator new(std::size_t n) {
-  if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace gradlane::transport {
 namespace {
@@ -93,15 +81,13 @@ TEST(TcpTransportNoAlloc, SteadyStateSendReceiveAckDoesNotAllocate) {
   };
   round(200);  // warm-up: lazily grown structures (if any) reach their working size
   // The counter itself works (so a zero below means something).
-  counting = true;
+  const uint64_t before_probe = gradlane_test::HeapAllocations();
   sink = new int(1);
-  counting = false;
   delete static_cast<int*>(sink);
-  ASSERT_EQ(allocations.exchange(0), 1);
-  counting = true;
+  ASSERT_EQ(gradlane_test::HeapAllocations() - before_probe, 1u);
+  const uint64_t before = gradlane_test::HeapAllocations();
   for (int r = 0; r < 5; ++r) round(200);
-  counting = false;
-  EXPECT_EQ(allocations.load(), 0) << "heap allocations on the data path";
+  EXPECT_EQ(gradlane_test::HeapAllocations() - before, 0u) << "heap allocations on the data path";
   EXPECT_EQ(ha.failed, 0);
   EXPECT_EQ(hb.received, 1200);
   EXPECT_EQ(ha.downs + hb.downs, 0);
