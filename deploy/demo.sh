@@ -89,7 +89,7 @@ for policy in "${policies[@]:1}"; do
   awk -v a="${mean[$base]}" -v b="${mean[$policy]}" -v p="$policy" -v q="$base" \
     'BEGIN { printf "speedup of %s over %s: %.3fx (measured)\n", p, q, a / b }'
 done
-echo "simulator's ideal bound (fluid schedule) at $rate: ${ideal:-?} ms;" \
+echo "simulator's ideal bound (lower bound on any schedule, docs/simulator.md) at $rate: ${ideal:-?} ms;" \
   "compute alone: $(grep -o 'compute alone [0-9.]* ms' "$GL_TMP/replay-$base.r0.out" | head -1 | cut -d' ' -f3) ms"
 [[ $GL_MODE == loopback ]] && echo "note: loopback is not shaped, so times are not comparable with the simulation at $rate"
 for ((i = 0; i < W; i++)); do gl_daemon_stop "$i" || true; done
