@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -107,6 +108,47 @@ struct SendSpec {
   uint64_t region_offset = 0;
   uint64_t cookie = 0;  // opaque to the transport; returned in the completion
 };
+
+// A memory region a backend may send from or receive into; backends keep a table of these
+// indexed by RegionId (`used` false: a free slot).
+struct RegisteredRegion {
+  uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+  bool used = false;
+};
+
+// The argument checks every backend makes in PostSend_st before queueing (peer state and queue
+// room are the backend's own): the region is registered and holds the range, and the segment
+// fits one frame. Returns where the payload starts.
+inline absl::StatusOr<const uint8_t*> ResolveSendPayload(const std::vector<RegisteredRegion>& regions,
+                                                         const SendSpec& spec,
+                                                         uint64_t max_segment_bytes) {
+  if (spec.region >= regions.size() || !regions[spec.region].used) {
+    return absl::InvalidArgumentError("send from an unregistered region");
+  }
+  const RegisteredRegion& r = regions[spec.region];
+  if (spec.region_offset > r.bytes || spec.length > r.bytes - spec.region_offset) {
+    return absl::InvalidArgumentError("send range outside its region");
+  }
+  if (spec.length > max_segment_bytes) {
+    return absl::InvalidArgumentError("segment longer than max_segment_bytes");
+  }
+  return r.base + spec.region_offset;
+}
+
+// The data frame header that carries `spec`; the backend sets `seq`.
+inline FrameHeader MakeDataHeader(uint64_t job_id, uint16_t sender_rank, const SendSpec& spec) {
+  FrameHeader h = MakeHeader(FrameType::kData, job_id, sender_rank);
+  h.key = spec.key;
+  h.iteration = spec.iteration;
+  h.offset = spec.offset;
+  h.length = spec.length;
+  h.payload_bytes = static_cast<uint32_t>(spec.length);
+  h.priority = spec.priority;
+  h.dtype = static_cast<uint8_t>(spec.dtype);
+  h.direction = static_cast<uint8_t>(spec.direction);
+  return h;
+}
 
 struct SendCompletion {
   PeerHandle peer = kNoPeer;

@@ -132,29 +132,14 @@ absl::Status FakeTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
   if (c->unsent.size() + c->unacked.size() >= options_.max_pending_sends_per_peer) {
     return absl::ResourceExhaustedError("peer send queue full");
   }
-  if (spec.region >= regions_.size() || !regions_[spec.region].used) {
-    return absl::InvalidArgumentError("send from an unregistered region");
-  }
-  const Region& r = regions_[spec.region];
-  if (spec.region_offset > r.bytes || spec.length > r.bytes - spec.region_offset) {
-    return absl::InvalidArgumentError("send range outside its region");
-  }
-  if (spec.length > options_.max_segment_bytes) {
-    return absl::InvalidArgumentError("segment longer than max_segment_bytes");
-  }
+  const absl::StatusOr<const uint8_t*> payload =
+      ResolveSendPayload(regions_, spec, options_.max_segment_bytes);
+  if (!payload.ok()) return payload.status();
   const JobCredentials& job = jobs_[c->job];
   Pending p;
-  p.header = MakeHeader(FrameType::kData, job.job_id, job.local_rank);
-  p.header.key = spec.key;
-  p.header.iteration = spec.iteration;
-  p.header.offset = spec.offset;
-  p.header.length = spec.length;
-  p.header.payload_bytes = static_cast<uint32_t>(spec.length);
-  p.header.priority = spec.priority;
-  p.header.dtype = static_cast<uint8_t>(spec.dtype);
-  p.header.direction = static_cast<uint8_t>(spec.direction);
+  p.header = MakeDataHeader(job.job_id, job.local_rank, spec);
   p.header.seq = c->next_seq++;
-  p.payload = r.base + spec.region_offset;
+  p.payload = *payload;
   p.cookie = spec.cookie;
   if (c->unsent.empty() && c->unacked.empty()) c->restart_timer = true;
   c->unsent.push_back(p);

@@ -122,11 +122,7 @@ class FakeTransport final {
     std::string reason;
     std::vector<uint8_t> payload;
   };
-  struct Region {
-    uint8_t* base = nullptr;
-    uint64_t bytes = 0;
-    bool used = false;
-  };
+  using Region = RegisteredRegion;
 
   FakeTransport(const TransportOptions& options, TransportHandler* handler, FakeNetwork* network);
   Conn* Lookup(PeerHandle h);

@@ -218,30 +218,15 @@ absl::Status TcpTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
     return absl::NotFoundError("peer handle is not connected");
   }
   if (c->RingFull()) return absl::ResourceExhaustedError("peer send queue full");
-  if (spec.region >= regions_.size() || !regions_[spec.region].used) {
-    return absl::InvalidArgumentError("send from an unregistered region");
-  }
-  const Region& r = regions_[spec.region];
-  if (spec.region_offset > r.bytes || spec.length > r.bytes - spec.region_offset) {
-    return absl::InvalidArgumentError("send range outside its region");
-  }
-  if (spec.length > options_.max_segment_bytes) {
-    return absl::InvalidArgumentError("segment longer than max_segment_bytes");
-  }
+  const absl::StatusOr<const uint8_t*> payload =
+      ResolveSendPayload(regions_, spec, options_.max_segment_bytes);
+  if (!payload.ok()) return payload.status();
   const bool was_idle = !c->HasPending();
   const Job& job = jobs_[c->job_index];
   PendingSend& s = c->Slot(c->post_idx);
-  s.header = MakeHeader(FrameType::kData, job.creds.job_id, job.creds.local_rank);
-  s.header.key = spec.key;
-  s.header.iteration = spec.iteration;
-  s.header.offset = spec.offset;
-  s.header.length = spec.length;
-  s.header.payload_bytes = static_cast<uint32_t>(spec.length);
-  s.header.priority = spec.priority;
-  s.header.dtype = static_cast<uint8_t>(spec.dtype);
-  s.header.direction = static_cast<uint8_t>(spec.direction);
+  s.header = MakeDataHeader(job.creds.job_id, job.creds.local_rank, spec);
   s.header.seq = static_cast<uint32_t>(c->post_idx);
-  s.payload = r.base + spec.region_offset;
+  s.payload = *payload;
   s.cookie = spec.cookie;
   ++c->post_idx;
   // The progress timer measures silence while work is pending; idle time before this post

@@ -93,11 +93,7 @@ class TcpTransport final {
     bool active = false;
     JobCredentials creds;
   };
-  struct Region {
-    uint8_t* base = nullptr;
-    uint64_t bytes = 0;
-    bool used = false;
-  };
+  using Region = RegisteredRegion;
   struct Counters {
     std::array<StatCounter, kWireErrorCount> errors;
     StatCounter connect_attempts, connect_retries, peers_up, peers_down, peer_resets,
