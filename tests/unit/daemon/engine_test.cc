@@ -380,6 +380,28 @@ void RunJob(C& cluster, const JobSpec& job, int iterations, bool mean) {
   for (auto& t : threads) t.join();
 }
 
+// Every rank posts iteration 0 of every tensor once, from its own client thread, and collects
+// as many completion statuses as it posted (in arrival order). `wrong_token_rank` (if >= 0)
+// registers with `wrong_token` instead of the job's.
+template <class C>
+std::vector<std::vector<int>> PostOneIterationPerRank(C& cluster, const JobSpec& job,
+                                                      int wrong_token_rank = -1,
+                                                      const std::string& wrong_token = "") {
+  std::vector<std::vector<int>> statuses(job.world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < job.world; ++r) {
+    threads.emplace_back([&, r] {
+      RankClient c;
+      ASSERT_EQ(c.Setup(cluster.socket(r), job, r, r == wrong_token_rank ? wrong_token : ""), GL_OK);
+      const int n = c.Post(job, r, 0, 0, job.tensors.size());
+      statuses[r] = c.Wait(n);
+      EXPECT_EQ(static_cast<int>(statuses[r].size()), n) << "rank " << r;
+    });
+  }
+  for (auto& t : threads) t.join();
+  return statuses;
+}
+
 class PolicyTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PolicyTest, ThreeRanksEveryDtypeAwkwardSizesBitExact) {
@@ -603,18 +625,7 @@ TEST(EngineTest, WrongTokenIsRejected) {
   o.transport.connect_deadline = 2 * sched::kSecond;
   Cluster cluster(3, o, "token");
   JobSpec job{"job-token", 3, "bytescheduler", "right-token", AwkwardTensors(), 12};
-  std::vector<std::vector<int>> st(3);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      RankClient c;
-      ASSERT_EQ(c.Setup(cluster.socket(r), job, r, r == 1 ? "wrong-token" : ""), GL_OK);
-      const int n = c.Post(job, r, 0, 0, job.tensors.size());
-      st[r] = c.Wait(n);
-      EXPECT_EQ(static_cast<int>(st[r].size()), n);
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<std::vector<int>> st = PostOneIterationPerRank(cluster, job, 1, "wrong-token");
   for (int r = 0; r < 3; ++r) {
     int errors = 0;
     for (int s : st[r]) errors += s != GL_OK;
@@ -664,18 +675,7 @@ TEST(EngineTest, DaemonsWithDifferentPartitionSizesOrReduceOpsRefuseTheJob) {
       if (variant == 1) o.reduce = ps::ReduceOp::kMean;
     });
     JobSpec job{absl::StrCat("job-knobs", variant), 2, "bytescheduler", "secret", AwkwardTensors(), 16};
-    std::vector<std::vector<int>> st(2);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 2; ++r) {
-      threads.emplace_back([&, r] {
-        RankClient c;
-        ASSERT_EQ(c.Setup(cluster.socket(r), job, r), GL_OK);
-        const int n = c.Post(job, r, 0, 0, job.tensors.size());
-        st[r] = c.Wait(n);
-        EXPECT_EQ(static_cast<int>(st[r].size()), n);
-      });
-    }
-    for (auto& t : threads) t.join();
+    const std::vector<std::vector<int>> st = PostOneIterationPerRank(cluster, job);
     for (int r = 0; r < 2; ++r) {
       for (int s : st[r]) EXPECT_NE(s, GL_OK) << "variant " << variant;
     }
@@ -804,18 +804,7 @@ TEST(EngineTcpTest, MalformedFramesAndWrongTokenAreRejectedAndCounted) {
   EXPECT_GT(cluster.TransportStats(0).malformed(), 0u);
   // Wrong token on rank 1: both ranks' posts fail, rank 1's with GL_E_PERMISSION.
   JobSpec job{"tcp-token", 2, "bytescheduler", "right", AwkwardTensors(), 22, cluster.peers()};
-  std::vector<std::vector<int>> st(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      RankClient c;
-      ASSERT_EQ(c.Setup(cluster.socket(r), job, r, r == 1 ? "wrong" : ""), GL_OK);
-      const int n = c.Post(job, r, 0, 0, job.tensors.size());
-      st[r] = c.Wait(n);
-      EXPECT_EQ(static_cast<int>(st[r].size()), n);
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<std::vector<int>> st = PostOneIterationPerRank(cluster, job, 1, "wrong");
   bool permission = false;
   for (auto& v : st) permission = permission || (!v.empty() && v[0] == GL_E_PERMISSION);
   EXPECT_TRUE(permission);
