@@ -54,11 +54,11 @@ gl_rate_bps() {
   if [[ $r =~ ^([0-9]+(\.[0-9]+)?)(bit|kbit|mbit|gbit|tbit)?$ ]]; then
     n=${BASH_REMATCH[1]} unit=${BASH_REMATCH[3]:-bit}
     case $unit in
-      bit) awk -v n="$n" 'BEGIN{printf "%d", n}' ;;
-      kbit) awk -v n="$n" 'BEGIN{printf "%d", n*1e3}' ;;
-      mbit) awk -v n="$n" 'BEGIN{printf "%d", n*1e6}' ;;
-      gbit) awk -v n="$n" 'BEGIN{printf "%d", n*1e9}' ;;
-      tbit) awk -v n="$n" 'BEGIN{printf "%d", n*1e12}' ;;
+      bit) awk -v n="$n" 'BEGIN{printf "%.0f", n}' ;;
+      kbit) awk -v n="$n" 'BEGIN{printf "%.0f", n*1e3}' ;;
+      mbit) awk -v n="$n" 'BEGIN{printf "%.0f", n*1e6}' ;;
+      gbit) awk -v n="$n" 'BEGIN{printf "%.0f", n*1e9}' ;;
+      tbit) awk -v n="$n" 'BEGIN{printf "%.0f", n*1e12}' ;;
     esac
   fi
 }
