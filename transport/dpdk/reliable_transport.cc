@@ -1,0 +1,1186 @@
+#include "transport/dpdk/reliable_transport.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+
+namespace gradlane::transport::dpdk {
+namespace {
+
+constexpr uint32_t kIndexBits = 16;
+constexpr uint32_t kIndexMask = (1u << kIndexBits) - 1;
+constexpr TimeNs kNever = std::numeric_limits<TimeNs>::max();
+// A hole is retransmitted early once this many later packets were selectively acknowledged.
+constexpr uint64_t kDupThresh = 3;
+constexpr size_t kMaxControlBytes = kDgramHeaderBytes + kFrameHeaderBytes + kMaxControlPayloadBytes;
+
+uint32_t RoundUpPow2(uint32_t v) {
+  uint32_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+}  // namespace
+
+// ---- addresses --------------------------------------------------------------------------------
+
+absl::StatusOr<uint32_t> ParseIpv4(std::string_view host_sv) {
+  const absl::string_view host(host_sv.data(), host_sv.size());
+  std::vector<absl::string_view> parts = absl::StrSplit(host, '.');
+  if (parts.size() != 4) return absl::InvalidArgumentError(absl::StrCat("'", host, "' is not an IPv4 address"));
+  uint32_t ip = 0;
+  for (absl::string_view p : parts) {
+    uint32_t v = 0;
+    if (p.empty() || p.size() > 3 || !absl::SimpleAtoi(p, &v) || v > 255) {
+      return absl::InvalidArgumentError(absl::StrCat("'", host, "' is not an IPv4 address"));
+    }
+    ip = ip << 8 | v;
+  }
+  return ip;
+}
+
+absl::StatusOr<Ipv4Endpoint> ParseIpv4Endpoint(std::string_view s_sv) {
+  const absl::string_view s(s_sv.data(), s_sv.size());
+  const size_t colon = s.rfind(':');
+  if (colon == absl::string_view::npos) return absl::InvalidArgumentError(absl::StrCat("'", s, "' is not IPv4:PORT"));
+  auto ip = ParseIpv4(std::string_view(s.data(), colon));
+  if (!ip.ok()) return ip.status();
+  uint32_t port = 0;
+  if (!absl::SimpleAtoi(s.substr(colon + 1), &port) || port == 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("'", s, "' has no valid port (1..65535)"));
+  }
+  return Ipv4Endpoint{*ip, static_cast<uint16_t>(port)};
+}
+
+std::string FormatIpv4(uint32_t ip) {
+  return absl::StrFormat("%d.%d.%d.%d", ip >> 24, (ip >> 16) & 255, (ip >> 8) & 255, ip & 255);
+}
+
+std::string FormatEndpoint(const Ipv4Endpoint& e) { return absl::StrCat(FormatIpv4(e.ip), ":", e.port); }
+
+// ---- state ------------------------------------------------------------------------------------
+
+struct ReliableTransport::Counters {
+  std::array<StatCounter, kWireErrorCount> errors;
+  StatCounter connect_attempts, connect_retries, peers_up, peers_down, peer_resets, peer_timeouts,
+      accepts_refused;
+  StatCounter bytes_sent, bytes_received, frames_sent, frames_received, acks_sent, acks_received,
+      sends_failed;
+  StatCounter datagrams_sent, datagrams_received, data_packets_sent, retransmits, timeouts,
+      duplicates, out_of_order, beyond_credit, pure_acks_sent, stray, injected_drops,
+      injected_reorders, injected_duplicates, link_full;
+};
+
+namespace {
+struct PeerCounters {
+  StatCounter bytes_sent, bytes_received, frames_sent, frames_received, acks_sent, acks_received,
+      sends_failed;
+  void Reset_st() {
+    for (StatCounter* s : {&bytes_sent, &bytes_received, &frames_sent, &frames_received, &acks_sent,
+                           &acks_received, &sends_failed}) {
+      s->Reset_st();
+    }
+  }
+};
+}  // namespace
+
+enum class ConnState : uint8_t { kFree, kHelloSent, kEstablished, kDead };
+
+struct ReliableTransport::Conn {
+  struct PendingSend {
+    FrameHeader header;
+    const uint8_t* payload = nullptr;
+    uint64_t cookie = 0;
+  };
+  struct TxPkt {
+    uint64_t msg = 0;
+    uint32_t offset = 0;
+    uint32_t len = 0;
+    uint16_t flags = 0;
+    uint16_t sends = 0;
+    bool sacked = false;
+    TimeNs sent_at = 0;
+  };
+  struct RxSlot {
+    bool present = false;
+    uint16_t flags = 0;
+    uint32_t msg_offset = 0;
+    uint32_t bytes = 0;
+    uint64_t msg = 0;
+  };
+
+  std::atomic<uint32_t> generation{1};
+  ConnState state = ConnState::kFree;
+  bool inbound = false;
+  bool known = false;  // the engine holds a handle for it (outbound, or inbound and up)
+  int job_index = -1;
+  uint16_t peer_rank = 0;
+  Ipv4Endpoint addr;
+  std::string addr_text;
+  uint32_t remote_conn = 0;
+  // dialing
+  TimeNs retry_at = 0, give_up_at = 0, backoff = 0;
+  uint32_t hellos = 0;
+  // liveness
+  TimeNs last_heard = 0, last_progress = 0, last_ping = 0;
+  bool restart_progress = false;
+  // send side: messages (segments) in a ring indexed by message number
+  std::vector<PendingSend> sends;
+  uint64_t send_mask = 0;
+  uint64_t msg_post = 0;   // next message number to assign
+  uint64_t msg_acked = 0;  // messages below this are complete (acked or failed)
+  uint64_t msg_tx = 0;     // message being cut into packets
+  uint64_t msgs_sent = 0;  // messages whose last packet has gone out at least once
+  uint64_t tx_off = 0;
+  bool tx_started = false;
+  // send side: packets
+  std::vector<TxPkt> pkts;
+  uint64_t pkt_mask = 0;
+  uint64_t snd_una = 0, snd_nxt = 0, peer_limit = 0, highest_sacked = 0;
+  bool sack_holes = false;
+  TimeNs srtt = 0, rttvar = 0, rto = 0;
+  bool have_rtt = false;
+  TimeNs timer_at = kNever;
+  // receive side
+  uint64_t rcv_nxt = 0;
+  uint64_t sack[4] = {0, 0, 0, 0};
+  uint64_t rejected[4] = {0, 0, 0, 0};
+  uint64_t rx_msg_next = 0;  // messages below this are placed or rejected
+  bool rx_in_msg = false;
+  FrameHeader rx_header{};
+  RecvTarget rx_target;
+  uint8_t* rx_dst = nullptr;
+  uint64_t rx_got = 0;
+  std::vector<RxSlot> rx_slots;
+  std::vector<uint8_t> rx_buf;  // window × max datagram payload: out-of-order packets
+  uint32_t rx_unacked = 0;
+  bool ack_now = false;
+  TimeNs ack_due_since = kNever;
+  PeerCounters counters;
+
+  bool HasPending() const { return msg_acked != msg_post; }
+  PendingSend& Send(uint64_t m) { return sends[m & send_mask]; }
+  TxPkt& Pkt(uint64_t s) { return pkts[s & pkt_mask]; }
+};
+
+ReliableTransport::ReliableTransport(const TransportOptions& options, const ReliableOptions& reliable,
+                                     DatagramLink* link, TransportHandler* handler)
+    : options_(options), rel_(reliable), link_(link), handler_(handler), counters_(new Counters) {}
+
+ReliableTransport::~ReliableTransport() = default;
+
+absl::StatusOr<std::unique_ptr<ReliableTransport>> ReliableTransport::Create(
+    const TransportOptions& options, const ReliableOptions& reliable, DatagramLink* link,
+    TransportHandler* handler) {
+  if (link == nullptr || handler == nullptr) return absl::InvalidArgumentError("null link or handler");
+  if (options.max_connections == 0 || options.max_connections > kIndexMask) {
+    return absl::InvalidArgumentError("max_connections must be 1..65535");
+  }
+  if (options.max_pending_sends_per_peer == 0 || options.max_pending_sends_per_peer > (1u << 24)) {
+    return absl::InvalidArgumentError("max_pending_sends_per_peer must be 1..2^24");
+  }
+  if (options.max_segment_bytes == 0 || options.max_segment_bytes > 0xFFFFFFFFull) {
+    return absl::InvalidArgumentError("max_segment_bytes must be 1..4 GiB-1");
+  }
+  if (reliable.window_packets == 0 || reliable.window_packets > kMaxWindow) {
+    return absl::InvalidArgumentError(absl::StrCat("window_packets must be 1..", kMaxWindow));
+  }
+  if (reliable.min_rto <= 0 || reliable.initial_rto < reliable.min_rto || reliable.max_rto < reliable.initial_rto) {
+    return absl::InvalidArgumentError("need 0 < min_rto <= initial_rto <= max_rto");
+  }
+  const FaultOptions& f = reliable.faults;
+  for (double p : {f.drop_probability, f.reorder_probability, f.duplicate_probability}) {
+    if (!(p >= 0 && p < 1)) return absl::InvalidArgumentError("fault probabilities must be in [0, 1)");
+  }
+  if (f.drop_every == 1) return absl::InvalidArgumentError("drop_every=1 would drop everything");
+  uint32_t dg = link->max_datagram_bytes();
+  if (reliable.max_datagram_bytes != 0) dg = std::min(dg, reliable.max_datagram_bytes);
+  if (dg < kMinDatagramBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("datagrams of ", dg, " bytes are too small (need ",
+                                                   kMinDatagramBytes, ")"));
+  }
+  auto t = std::unique_ptr<ReliableTransport>(new ReliableTransport(options, reliable, link, handler));
+  t->max_dgram_ = dg;
+  t->window_ = reliable.window_packets;
+  t->rel_.ack_every = std::max<uint32_t>(1, reliable.ack_every);
+  t->rng_ = f.seed * 0x9E3779B97F4A7C15ull + 1;
+  t->conn_storage_.reset(new Conn[options.max_connections]);
+  t->conns_ = std::span<Conn>(t->conn_storage_.get(), options.max_connections);
+  t->free_slots_.reserve(options.max_connections);
+  t->dead_slots_.reserve(options.max_connections);
+  t->active_.reserve(options.max_connections);
+  for (uint32_t i = options.max_connections; i-- > 0;) t->free_slots_.push_back(i);
+  t->regions_.reserve(options.max_regions);
+  t->held_head_.resize(kMaxControlBytes);
+  return t;
+}
+
+// ---- control ops ------------------------------------------------------------------------------
+
+absl::StatusOr<uint16_t> ReliableTransport::Listen_st() {
+  if (listening_) return absl::FailedPreconditionError("already listening");
+  listening_ = true;
+  return link_->local_endpoint().port;
+}
+
+int ReliableTransport::FindJob(uint64_t job_id) const {
+  for (size_t i = 0; i < jobs_.size(); ++i) {
+    if (jobs_[i].active && jobs_[i].creds.job_id == job_id) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+absl::Status ReliableTransport::AddJob_st(const JobCredentials& job) {
+  if (job.token.size() > kMaxTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("token longer than ", kMaxTokenBytes, " bytes"));
+  }
+  if (job.world_size == 0 || job.local_rank >= job.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", job.local_rank, " out of range for world size ",
+                                                   job.world_size));
+  }
+  const int j = FindJob(job.job_id);
+  if (j >= 0) {
+    jobs_[j].creds = job;
+    return absl::OkStatus();
+  }
+  for (Job& s : jobs_) {
+    if (!s.active) {
+      s = Job{true, job};
+      return absl::OkStatus();
+    }
+  }
+  jobs_.push_back(Job{true, job});
+  return absl::OkStatus();
+}
+
+absl::Status ReliableTransport::RemoveJob_st(uint64_t job_id) {
+  const int j = FindJob(job_id);
+  if (j < 0) return absl::NotFoundError(absl::StrCat("job ", job_id, " is not registered"));
+  for (uint32_t idx : std::vector<uint32_t>(active_)) {
+    Conn& c = conns_[idx];
+    if (c.job_index != j || c.state == ConnState::kDead || c.state == ConnState::kFree) continue;
+    if (c.state == ConnState::kEstablished) {
+      SendError(c.addr, c.remote_conn, &c, DgramType::kClose, job_id, jobs_[j].creds.local_rank,
+                WireError::kShutdown, "job removed");
+    }
+    Teardown(c, absl::CancelledError(absl::StrCat("job ", job_id, " removed")));
+  }
+  jobs_[j].active = false;
+  link_->Flush_st();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PeerHandle> ReliableTransport::Connect_st(const JobCredentials& job, std::string_view address,
+                                                         TimeNs now) {
+  const int j = FindJob(job.job_id);
+  if (j < 0) return absl::FailedPreconditionError(absl::StrCat("job ", job.job_id, " not added"));
+  auto ep = ParseIpv4Endpoint(address);
+  if (!ep.ok()) return ep.status();
+  Conn* c = AllocConn();
+  if (c == nullptr) return absl::ResourceExhaustedError("no free connection slot");
+  c->inbound = false;
+  c->known = true;
+  c->job_index = j;
+  c->addr = *ep;
+  c->addr_text = std::string(address);
+  c->state = ConnState::kHelloSent;
+  c->give_up_at = now + options_.connect_deadline;
+  c->backoff = options_.connect_initial_backoff;
+  c->retry_at = now;  // first hello on the next step: never a callback inside Connect_st
+  return HandleOf(*c);
+}
+
+void ReliableTransport::Disconnect_st(PeerHandle peer, TimeNs) {
+  Conn* c = Lookup(peer);
+  if (c == nullptr || c->state == ConnState::kDead) return;
+  if (c->state == ConnState::kEstablished) {
+    const Job& job = jobs_[c->job_index];
+    SendError(c->addr, c->remote_conn, c, DgramType::kClose, job.creds.job_id, job.creds.local_rank,
+              WireError::kShutdown, "disconnected");
+    link_->Flush_st();
+  }
+  Teardown(*c, absl::CancelledError("disconnected"));
+}
+
+absl::StatusOr<RegionId> ReliableTransport::RegisterRegion_st(void* base, uint64_t bytes) {
+  if (base == nullptr && bytes != 0) return absl::InvalidArgumentError("null region");
+  for (size_t i = 0; i < regions_.size(); ++i) {
+    if (!regions_[i].used) {
+      regions_[i] = RegisteredRegion{static_cast<uint8_t*>(base), bytes, true};
+      return static_cast<RegionId>(i);
+    }
+  }
+  if (regions_.size() >= options_.max_regions) return absl::ResourceExhaustedError("too many regions");
+  regions_.push_back(RegisteredRegion{static_cast<uint8_t*>(base), bytes, true});
+  return static_cast<RegionId>(regions_.size() - 1);
+}
+
+absl::Status ReliableTransport::UnregisterRegion_st(RegionId region) {
+  if (region >= regions_.size() || !regions_[region].used) return absl::NotFoundError("no such region");
+  regions_[region] = RegisteredRegion{};
+  return absl::OkStatus();
+}
+
+absl::Status ReliableTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
+  Conn* c = Lookup(peer);
+  if (c == nullptr || c->state == ConnState::kDead) return absl::NotFoundError("peer is not connected");
+  auto payload = ResolveSendPayload(regions_, spec, options_.max_segment_bytes);
+  if (!payload.ok()) return payload.status();
+  if (c->msg_post - c->msg_acked > c->send_mask) {
+    return absl::ResourceExhaustedError("too many sends pending for this peer");
+  }
+  const Job& job = jobs_[c->job_index];
+  if (!c->HasPending()) c->restart_progress = true;  // the silence before this post is no stall
+  Conn::PendingSend& s = c->Send(c->msg_post);
+  s.header = MakeDataHeader(job.creds.job_id, job.creds.local_rank, spec);
+  s.header.seq = static_cast<uint32_t>(c->msg_post);
+  s.payload = *payload;
+  s.cookie = spec.cookie;
+  ++c->msg_post;
+  return absl::OkStatus();
+}
+
+// ---- progress ---------------------------------------------------------------------------------
+
+int ReliableTransport::Progress_st(TimeNs now, int wait_ms) {
+  int work = link_->Poll_st(this, now, 0);
+  for (size_t i = 0; i < active_.size(); ++i) {
+    Conn& c = conns_[active_[i]];
+    const uint64_t before = c.snd_nxt + c.msg_acked + c.rcv_nxt;
+    Service(c, now);
+    if (c.snd_nxt + c.msg_acked + c.rcv_nxt != before) ++work;
+  }
+  FlushHeld();
+  link_->Flush_st();
+  ReleaseDeadSlots();
+  if (work == 0 && wait_ms > 0) {
+    TimeNs wait = TimeNs{wait_ms} * sched::kMillisecond;
+    for (uint32_t idx : active_) {
+      const Conn& c = conns_[idx];
+      if (c.state == ConnState::kHelloSent) wait = std::min(wait, std::max<TimeNs>(0, c.retry_at - now));
+      if (c.timer_at != kNever) wait = std::min(wait, std::max<TimeNs>(0, c.timer_at - now));
+      if (c.ack_due_since != kNever) wait = 0;
+    }
+    if (wait > 0) work += link_->Poll_st(this, now, wait);
+  }
+  return work;
+}
+
+void ReliableTransport::Service(Conn& c, TimeNs now) {
+  if (c.state == ConnState::kHelloSent) {
+    if (now < c.retry_at) return;
+    if (now >= c.give_up_at) {
+      Teardown(c, absl::DeadlineExceededError(absl::StrCat(
+                      "could not connect to ", c.addr_text, " within ",
+                      options_.connect_deadline / sched::kMillisecond, " ms: no answer to hello")));
+      return;
+    }
+    counters_->connect_attempts.Add_st(1);
+    if (c.hellos++ > 0) counters_->connect_retries.Add_st(1);
+    SendHello(c);
+    c.retry_at = std::min(now + c.backoff, c.give_up_at);
+    c.backoff = std::min(c.backoff * 2, options_.connect_max_backoff);
+    return;
+  }
+  if (c.state != ConnState::kEstablished) return;
+  if (c.restart_progress) {
+    c.restart_progress = false;
+    c.last_progress = now;
+  }
+  // Liveness: a peer that says nothing at all (keepalives included), or that stops completing
+  // our sends, for peer_timeout is down — the datagram world has no RST to tell us.
+  const bool silent = now - c.last_heard > options_.peer_timeout;
+  const bool stuck = c.HasPending() && now - c.last_progress > options_.peer_timeout;
+  if (silent || stuck) {
+    counters_->peer_timeouts.Add_st(1);
+    Refuse(c, WireError::kTimeout,
+           absl::DeadlineExceededError(absl::StrFormat(
+               "peer rank %d %s for %d ms%s", c.peer_rank, silent ? "silent" : "made no progress",
+               options_.peer_timeout / sched::kMillisecond,
+               c.HasPending() ? absl::StrCat(" with ", c.msg_post - c.msg_acked, " sends pending") : "")));
+    return;
+  }
+  const TimeNs probe = std::max<TimeNs>(options_.peer_timeout / 4, sched::kMillisecond);
+  if (now - c.last_heard > probe && now - c.last_ping > probe) {
+    c.last_ping = now;
+    SendAck(c, /*probe=*/true);
+  }
+  if (!Retransmit(c, now)) return;
+  if (!SendNew(c, now)) return;
+  if (c.ack_now || (c.ack_due_since != kNever &&
+                    (c.rx_unacked >= rel_.ack_every || now - c.ack_due_since >= rel_.ack_delay))) {
+    SendAck(c, /*probe=*/false);
+  }
+}
+
+void ReliableTransport::SendHello(Conn& c) {
+  const JobCredentials& job = jobs_[c.job_index].creds;
+  FrameHeader fh = MakeHeader(FrameType::kHello, job.job_id, job.local_rank);
+  fh.payload_bytes = kHelloBodyBytes;
+  HelloBody b;
+  std::memset(&b, 0, sizeof(b));
+  b.rank = job.local_rank;
+  b.world_size = job.world_size;
+  b.token_bytes = static_cast<uint16_t>(job.token.size());
+  std::memcpy(b.token, job.token.data(), job.token.size());
+  SendControl(c.addr, 0, &c, DgramType::kHello, fh, &b, sizeof(b));
+}
+
+bool ReliableTransport::Retransmit(Conn& c, TimeNs now) {
+  if (c.snd_una == c.snd_nxt) {
+    c.timer_at = kNever;
+    c.sack_holes = false;
+    return true;
+  }
+  if (now < c.timer_at && !c.sack_holes) return true;
+  const TimeNs fast_gap = c.have_rtt ? c.srtt : c.rto;
+  TimeNs next = kNever;
+  bool fired = false;
+  for (uint64_t s = c.snd_una; s != c.snd_nxt; ++s) {
+    Conn::TxPkt& p = c.Pkt(s);
+    if (p.sacked) continue;
+    const bool expired = now - p.sent_at >= c.rto;
+    const bool fast = c.sack_holes && s + kDupThresh <= c.highest_sacked && now - p.sent_at >= fast_gap;
+    if (expired || fast) {
+      if (!SendDataPacket(c, s)) {
+        next = now;  // link full: try again next step
+        break;
+      }
+      if (c.state != ConnState::kEstablished) return false;
+      p.sent_at = now;
+      ++p.sends;
+      counters_->retransmits.Add_st(1);
+      fired |= expired;
+    }
+    next = std::min(next, p.sent_at + c.rto);
+  }
+  if (fired) {
+    counters_->timeouts.Add_st(1);
+    c.rto = std::min(c.rto * 2, rel_.max_rto);  // back off (RFC 6298 5.5)
+  }
+  c.sack_holes = false;
+  c.timer_at = next;
+  return true;
+}
+
+bool ReliableTransport::SendNew(Conn& c, TimeNs now) {
+  const uint32_t first_cap = max_dgram_ - kDgramHeaderBytes - kFrameHeaderBytes;
+  const uint32_t cap = max_dgram_ - kDgramHeaderBytes;
+  while (c.snd_nxt < c.snd_una + window_ && c.snd_nxt < c.peer_limit) {
+    if (!c.tx_started) {
+      if (c.msg_tx == c.msg_post) break;
+      // The rejected-bit map covers kMaxWindow messages: never more unfinished than that.
+      if (c.msg_tx >= c.msg_acked + kMaxWindow) break;
+      c.tx_started = true;
+      c.tx_off = 0;
+    }
+    Conn::PendingSend& m = c.Send(c.msg_tx);
+    const bool first = c.tx_off == 0;
+    const uint64_t left = m.header.length - c.tx_off;
+    const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(first ? first_cap : cap, left));
+    const bool last = len == left;
+    Conn::TxPkt& p = c.Pkt(c.snd_nxt);
+    p.msg = c.msg_tx;
+    p.offset = static_cast<uint32_t>(c.tx_off);
+    p.len = len;
+    p.flags = static_cast<uint16_t>((first ? kPktFirst : 0) | (last ? kPktLast : 0));
+    p.sends = 1;
+    p.sacked = false;
+    p.sent_at = now;
+    if (!SendDataPacket(c, c.snd_nxt)) break;
+    if (c.state != ConnState::kEstablished) return false;
+    ++c.snd_nxt;
+    c.timer_at = std::min(c.timer_at, now + c.rto);
+    c.tx_off += len;
+    if (last) {
+      c.tx_started = false;
+      const uint64_t msg = c.msg_tx++;
+      c.msgs_sent = c.msg_tx;
+      const FrameHeader& h = m.header;
+      c.counters.bytes_sent.Add_st(h.length);
+      c.counters.frames_sent.Add_st(1);
+      counters_->bytes_sent.Add_st(h.length);
+      counters_->frames_sent.Add_st(1);
+      (void)msg;
+      handler_->OnSendDone_st(SendCompletion{HandleOf(c), m.cookie, h.key, h.iteration, h.offset, h.length});
+      if (c.state != ConnState::kEstablished) return false;
+    }
+  }
+  return true;
+}
+
+void ReliableTransport::FillAckFields(Conn& c, DgramHeader& h, TimeNs) {
+  h.ack = c.rcv_nxt;
+  h.msg_ack = c.rx_msg_next;
+  std::memcpy(h.sack, c.sack, sizeof(h.sack));
+  std::memcpy(h.rejected, c.rejected, sizeof(h.rejected));
+  h.credit = window_;
+  // This header acknowledges everything received so far.
+  c.rx_unacked = 0;
+  c.ack_due_since = kNever;
+  c.ack_now = false;
+}
+
+bool ReliableTransport::SendDataPacket(Conn& c, uint64_t seq) {
+  const Conn::TxPkt& p = c.Pkt(seq);
+  const Conn::PendingSend& m = c.Send(p.msg);
+  struct {
+    DgramHeader dh;
+    FrameHeader fh;
+  } head;
+  static_assert(sizeof(head) == kDgramHeaderBytes + kFrameHeaderBytes);
+  std::memset(&head.dh, 0, sizeof(head.dh));
+  head.dh.magic = kDgramMagic;
+  head.dh.version = kDgramVersion;
+  head.dh.type = static_cast<uint8_t>(DgramType::kData);
+  head.dh.flags = p.flags;
+  head.dh.dst_conn = c.remote_conn;
+  head.dh.src_conn = HandleOf(c);
+  head.dh.seq = seq;
+  head.dh.msg = p.msg;
+  head.dh.msg_offset = p.offset;
+  // The tail of the window asks for an ack at once rather than after the delay.
+  if (seq + 1 == c.snd_una + window_ || seq + 1 == c.peer_limit) head.dh.flags |= kPktAckNow;
+  const bool first = (p.flags & kPktFirst) != 0;
+  head.dh.payload_bytes = p.len + (first ? static_cast<uint32_t>(kFrameHeaderBytes) : 0);
+  const uint32_t rx_unacked = c.rx_unacked;
+  const TimeNs due = c.ack_due_since;
+  const bool ack_now = c.ack_now;
+  FillAckFields(c, head.dh, 0);
+  if (first) head.fh = m.header;
+  const size_t head_bytes = kDgramHeaderBytes + (first ? kFrameHeaderBytes : 0);
+  const bool ok = Transmit(c.addr, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&head), head_bytes),
+                           std::span<const uint8_t>(m.payload + p.offset, p.len));
+  if (!ok) {
+    // Not sent: the ack we meant to piggyback is still owed.
+    c.rx_unacked = rx_unacked;
+    c.ack_due_since = due;
+    c.ack_now = ack_now;
+    return false;
+  }
+  counters_->data_packets_sent.Add_st(1);
+  return true;
+}
+
+void ReliableTransport::SendAck(Conn& c, bool probe) {
+  DgramHeader h;
+  std::memset(&h, 0, sizeof(h));
+  h.magic = kDgramMagic;
+  h.version = kDgramVersion;
+  h.type = static_cast<uint8_t>(DgramType::kAck);
+  h.dst_conn = c.remote_conn;
+  h.src_conn = HandleOf(c);
+  if (probe) h.flags |= kPktAckNow;  // a keepalive: the peer answers at once
+  const uint32_t rx_unacked = c.rx_unacked;
+  const TimeNs due = c.ack_due_since;
+  FillAckFields(c, h, 0);
+  if (Transmit(c.addr, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&h), sizeof(h)), {})) {
+    counters_->pure_acks_sent.Add_st(1);
+  } else {
+    c.rx_unacked = rx_unacked;
+    c.ack_due_since = due;
+    c.ack_now = true;
+  }
+}
+
+bool ReliableTransport::SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
+                                    const FrameHeader& fh, const void* body, size_t body_bytes) {
+  std::array<uint8_t, kMaxControlBytes> buf;
+  DgramHeader h;
+  std::memset(&h, 0, sizeof(h));
+  h.magic = kDgramMagic;
+  h.version = kDgramVersion;
+  h.type = static_cast<uint8_t>(type);
+  h.dst_conn = dst_conn;
+  h.src_conn = c != nullptr ? HandleOf(*c) : 0;
+  h.credit = window_;
+  h.payload_bytes = static_cast<uint32_t>(kFrameHeaderBytes + body_bytes);
+  if (c != nullptr && c->state == ConnState::kEstablished) FillAckFields(*c, h, 0);
+  std::memcpy(buf.data(), &h, sizeof(h));
+  std::memcpy(buf.data() + sizeof(h), &fh, sizeof(fh));
+  if (body_bytes > 0) std::memcpy(buf.data() + sizeof(h) + sizeof(fh), body, body_bytes);
+  return Transmit(to, std::span<const uint8_t>(buf.data(), sizeof(h) + sizeof(fh) + body_bytes), {});
+}
+
+void ReliableTransport::SendError(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
+                                  uint64_t job_id, uint16_t rank, WireError code, std::string_view reason) {
+  FrameHeader fh = MakeHeader(type == DgramType::kReject ? FrameType::kReject : FrameType::kGoodbye, job_id, rank);
+  struct {
+    ErrorBody body;
+    char reason[kMaxReasonBytes];
+  } msg;
+  msg.body.code = static_cast<uint32_t>(code);
+  msg.body.reason_bytes = static_cast<uint32_t>(std::min(reason.size(), kMaxReasonBytes));
+  std::memcpy(msg.reason, reason.data(), msg.body.reason_bytes);
+  fh.payload_bytes = static_cast<uint32_t>(kErrorBodyBytes + msg.body.reason_bytes);
+  SendControl(to, dst_conn, c, type, fh, &msg, fh.payload_bytes);
+}
+
+double ReliableTransport::NextRandom() {
+  // splitmix64: deterministic per seed, so a fault pattern can be replayed.
+  uint64_t z = (rng_ += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+bool ReliableTransport::Transmit(const Ipv4Endpoint& to, std::span<const uint8_t> head,
+                                 std::span<const uint8_t> body) {
+  const FaultOptions& f = rel_.faults;
+  if (f.any()) {
+    ++fault_count_;
+    if ((f.drop_every != 0 && fault_count_ % f.drop_every == 0) ||
+        (f.drop_probability > 0 && NextRandom() < f.drop_probability)) {
+      counters_->injected_drops.Add_st(1);
+      return true;  // "sent": the wire lost it
+    }
+    if (f.duplicate_probability > 0 && NextRandom() < f.duplicate_probability) {
+      if (link_->Send_st(to, head, body)) {
+        counters_->injected_duplicates.Add_st(1);
+        counters_->datagrams_sent.Add_st(1);
+      }
+    }
+    if (!held_ && f.reorder_probability > 0 && head.size() <= held_head_.size() &&
+        NextRandom() < f.reorder_probability) {
+      held_ = true;
+      held_to_ = to;
+      std::memcpy(held_head_.data(), head.data(), head.size());
+      held_head_bytes_ = head.size();
+      held_body_ = body;
+      counters_->injected_reorders.Add_st(1);
+      return true;
+    }
+  }
+  if (!link_->Send_st(to, head, body)) {
+    counters_->link_full.Add_st(1);
+    return false;
+  }
+  counters_->datagrams_sent.Add_st(1);
+  if (held_) FlushHeld();  // the held one goes after this: reordered
+  return true;
+}
+
+void ReliableTransport::FlushHeld() {
+  if (!held_) return;
+  held_ = false;
+  if (link_->Send_st(held_to_, std::span<const uint8_t>(held_head_.data(), held_head_bytes_), held_body_)) {
+    counters_->datagrams_sent.Add_st(1);
+  }
+}
+
+// ---- receive ----------------------------------------------------------------------------------
+
+void ReliableTransport::CountError(WireError e) { counters_->errors[static_cast<size_t>(e)].Add_st(1); }
+
+void ReliableTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const uint8_t> bytes, TimeNs now) {
+  counters_->datagrams_received.Add_st(1);
+  DgramHeader dh;
+  if (bytes.size() < sizeof(dh)) {
+    CountError(WireError::kBadLength);
+    return;
+  }
+  std::memcpy(&dh, bytes.data(), sizeof(dh));
+  // Malformed datagrams are dropped and counted, never answered: anyone can send us a packet.
+  if (dh.magic != kDgramMagic) return CountError(WireError::kBadMagic);
+  if (dh.version != kDgramVersion) return CountError(WireError::kBadVersion);
+  if (dh.type < 1 || dh.type > kMaxDgramType) return CountError(WireError::kBadType);
+  if ((dh.flags & ~kKnownPktFlags) != 0) return CountError(WireError::kUnknownFlags);
+  if (dh.payload_bytes != bytes.size() - sizeof(dh) || dh.reserved != 0) return CountError(WireError::kBadLength);
+  const std::span<const uint8_t> body = bytes.subspan(sizeof(dh));
+  const DgramType type = static_cast<DgramType>(dh.type);
+  if (type == DgramType::kHello) {
+    OnHello(from, dh, body, now);
+    return;
+  }
+  Conn* c = Lookup(dh.dst_conn);
+  const bool match = c != nullptr && c->state != ConnState::kDead && c->addr == from &&
+                     (c->remote_conn == dh.src_conn ||
+                      (c->state == ConnState::kHelloSent &&
+                       (type == DgramType::kHelloOk || type == DgramType::kReject)));
+  if (!match) {
+    counters_->stray.Add_st(1);
+    // Like a TCP RST: a peer still talking to a connection we closed (or forgot in a restart)
+    // learns at once. Never answer a close or reject, so two ends cannot ping-pong.
+    if (type != DgramType::kClose && type != DgramType::kReject && dh.src_conn != 0) {
+      SendError(from, dh.src_conn, nullptr, DgramType::kClose, 0, 0, WireError::kShutdown,
+                "no such connection (closed or restarted)");
+    }
+    return;
+  }
+  switch (type) {
+    case DgramType::kHelloOk:
+      if (c->state == ConnState::kHelloSent) OnHelloOk(*c, dh, body, now);
+      return;  // a duplicate ok on an established connection: nothing to do
+    case DgramType::kReject:
+    case DgramType::kClose:
+      OnCloseOrReject(*c, dh, body);
+      return;
+    case DgramType::kData:
+    case DgramType::kAck:
+      break;
+    default:
+      return;
+  }
+  if (c->state != ConnState::kEstablished) return;  // data before our hello-ok: resent later
+  c->last_heard = now;
+  if (!OnAckFields(*c, dh, now)) return;
+  if ((dh.flags & kPktAckNow) != 0) c->ack_now = true;
+  if (type == DgramType::kData) OnData(*c, dh, body, now);
+}
+
+void ReliableTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh, std::span<const uint8_t> body,
+                                TimeNs now) {
+  if (!listening_) return;  // like a closed port: the dialer retries until its deadline
+  FrameHeader fh;
+  HelloBody b;
+  if (body.size() != sizeof(fh) + sizeof(b) || dh.src_conn == 0) return CountError(WireError::kBadLength);
+  std::memcpy(&fh, body.data(), sizeof(fh));
+  std::memcpy(&b, body.data() + sizeof(fh), sizeof(b));
+  auto reject = [&](WireError code, const std::string& why) {
+    CountError(code);
+    SendError(from, dh.src_conn, nullptr, DgramType::kReject, fh.job_id, 0, code, why);
+  };
+  if (WireError e = CheckHeader(fh, options_.max_segment_bytes); e != WireError::kNone) {
+    return reject(e, std::string(ValidateHeader(fh, options_.max_segment_bytes).message()));
+  }
+  if (TypeOf(fh) != FrameType::kHello) return reject(WireError::kUnexpectedFrame, "hello datagram without a hello");
+  if (WireError e = CheckHelloBody(b); e != WireError::kNone) return reject(e, "malformed hello body");
+  // A repeated hello (our hello-ok was lost): answer again, same connection.
+  for (uint32_t idx : active_) {
+    Conn& c = conns_[idx];
+    if (c.inbound && c.state == ConnState::kEstablished && c.addr == from && c.remote_conn == dh.src_conn) {
+      const JobCredentials& job = jobs_[c.job_index].creds;
+      SendControl(from, dh.src_conn, &c, DgramType::kHelloOk,
+                  MakeHeader(FrameType::kHelloOk, job.job_id, job.local_rank), nullptr, 0);
+      return;
+    }
+  }
+  const int j = FindJob(fh.job_id);
+  if (j < 0) return reject(WireError::kUnknownJob, absl::StrCat("job ", fh.job_id, " is not registered on this daemon"));
+  const JobCredentials& job = jobs_[j].creds;
+  const std::span<const uint8_t> given(b.token, b.token_bytes);
+  const std::span<const uint8_t> want(reinterpret_cast<const uint8_t*>(job.token.data()), job.token.size());
+  if (!TokensEqual(given, want)) {
+    return reject(WireError::kAuthFailed, absl::StrCat("auth token mismatch for job ", fh.job_id));
+  }
+  if (b.world_size != job.world_size || b.rank >= job.world_size || b.rank == job.local_rank ||
+      fh.sender_rank != b.rank) {
+    return reject(WireError::kBadRank, absl::StrCat("rank ", b.rank, " of world ", b.world_size, " does not fit job ",
+                                                    fh.job_id, " (world ", job.world_size, ", we are rank ",
+                                                    job.local_rank, ")"));
+  }
+  Conn* c = AllocConn();
+  if (c == nullptr) {
+    counters_->accepts_refused.Add_st(1);
+    return;  // the dialer retries; a slot may free up
+  }
+  c->inbound = true;
+  c->known = true;
+  c->job_index = j;
+  c->peer_rank = b.rank;
+  c->addr = from;
+  c->addr_text = FormatEndpoint(from);
+  c->remote_conn = dh.src_conn;
+  c->peer_limit = std::min<uint64_t>(dh.credit, kMaxWindow);
+  c->state = ConnState::kEstablished;
+  c->last_heard = c->last_progress = now;
+  counters_->peers_up.Add_st(1);
+  SendControl(from, dh.src_conn, c, DgramType::kHelloOk, MakeHeader(FrameType::kHelloOk, job.job_id, job.local_rank),
+              nullptr, 0);
+  handler_->OnPeerUp_st(InfoOf(*c));
+}
+
+void ReliableTransport::OnHelloOk(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now) {
+  FrameHeader fh;
+  if (body.size() != sizeof(fh)) return CountError(WireError::kBadLength);
+  std::memcpy(&fh, body.data(), sizeof(fh));
+  const JobCredentials& job = jobs_[c.job_index].creds;
+  c.remote_conn = dh.src_conn;
+  if (CheckHeader(fh, options_.max_segment_bytes) != WireError::kNone || TypeOf(fh) != FrameType::kHelloOk) {
+    return Refuse(c, WireError::kUnexpectedFrame, absl::InvalidArgumentError("malformed hello-ok"));
+  }
+  if (fh.job_id != job.job_id) {
+    return Refuse(c, WireError::kUnknownJob, absl::InvalidArgumentError("peer accepted a different job"));
+  }
+  if (fh.sender_rank >= job.world_size || fh.sender_rank == job.local_rank) {
+    return Refuse(c, WireError::kBadRank, absl::InvalidArgumentError(absl::StrCat("peer claims rank ", fh.sender_rank)));
+  }
+  c.peer_rank = fh.sender_rank;
+  c.peer_limit = std::min<uint64_t>(dh.credit, kMaxWindow);
+  c.state = ConnState::kEstablished;
+  c.last_heard = c.last_progress = now;
+  counters_->peers_up.Add_st(1);
+  handler_->OnPeerUp_st(InfoOf(c));
+}
+
+void ReliableTransport::OnCloseOrReject(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body) {
+  FrameHeader fh;
+  ErrorBody eb{};
+  std::string_view reason;
+  if (body.size() >= sizeof(fh) + sizeof(eb)) {
+    std::memcpy(&fh, body.data(), sizeof(fh));
+    std::memcpy(&eb, body.data() + sizeof(fh), sizeof(eb));
+    const size_t n = std::min<size_t>({eb.reason_bytes, body.size() - sizeof(fh) - sizeof(eb), kMaxReasonBytes});
+    reason = std::string_view(reinterpret_cast<const char*>(body.data()) + sizeof(fh) + sizeof(eb), n);
+  }
+  const WireError code = eb.code < kWireErrorCount ? static_cast<WireError>(eb.code) : WireError::kNone;
+  const std::string peer = c.inbound ? absl::StrCat("rank ", c.peer_rank) : c.addr_text;
+  if (static_cast<DgramType>(dh.type) == DgramType::kReject) {
+    Teardown(c, WireErrorStatus(code, absl::StrCat("peer ", peer, " rejected the connection (",
+                                                std::string(WireErrorName(code)), "): ", std::string(reason))));
+    return;
+  }
+  if (c.state == ConnState::kEstablished) counters_->peer_resets.Add_st(1);
+  Teardown(c, WireErrorStatus(code == WireError::kNone ? WireError::kShutdown : code,
+                           absl::StrCat("peer ", peer, " closed the connection (",
+                                        std::string(WireErrorName(code)), "): ", std::string(reason))));
+}
+
+bool ReliableTransport::OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now) {
+  if (dh.ack > c.snd_nxt || dh.msg_ack > c.msgs_sent || dh.credit > kMaxWindow) {
+    Refuse(c, WireError::kBadField, absl::InvalidArgumentError(absl::StrFormat(
+                                        "ack %d / message ack %d beyond what was sent (%d / %d)", dh.ack,
+                                        dh.msg_ack, c.snd_nxt, c.msgs_sent)));
+    return false;
+  }
+  if (dh.ack < c.snd_una) return true;  // an older ack overtaken by a newer one: stale
+  c.peer_limit = std::max(c.peer_limit, dh.ack + dh.credit);
+  if (dh.ack > c.snd_una) {
+    // RTT sample from the newest packet this ack covers, never from a retransmitted one (Karn).
+    const Conn::TxPkt& p = c.Pkt(dh.ack - 1);
+    if (p.sends == 1 && !p.sacked) {
+      const TimeNs r = std::max<TimeNs>(now - p.sent_at, 0);
+      if (!c.have_rtt) {
+        c.srtt = r;
+        c.rttvar = r / 2;
+        c.have_rtt = true;
+      } else {
+        const TimeNs d = c.srtt > r ? c.srtt - r : r - c.srtt;
+        c.rttvar = (3 * c.rttvar + d) / 4;
+        c.srtt = (7 * c.srtt + r) / 8;
+      }
+    }
+    if (c.have_rtt) {
+      c.rto = std::clamp<TimeNs>(c.srtt + std::max<TimeNs>(10 * sched::kMicrosecond, 4 * c.rttvar), rel_.min_rto,
+                                 rel_.max_rto);
+    }
+    c.snd_una = dh.ack;
+    c.last_progress = now;
+    c.timer_at = c.snd_una == c.snd_nxt ? kNever : std::min(c.timer_at, now + c.rto);
+  }
+  if ((dh.sack[0] | dh.sack[1] | dh.sack[2] | dh.sack[3]) != 0) {
+    const uint64_t end = std::min(c.snd_nxt, c.snd_una + kMaxWindow);
+    for (uint64_t s = c.snd_una; s < end; ++s) {
+      if (BitTest(dh.sack, s)) {
+        c.Pkt(s).sacked = true;
+        c.highest_sacked = std::max(c.highest_sacked, s);
+      }
+    }
+    if (c.highest_sacked > c.snd_una) c.sack_holes = true;
+  }
+  while (c.msg_acked < dh.msg_ack) {
+    const uint64_t m = c.msg_acked++;
+    const Conn::PendingSend& s = c.Send(m);
+    const SendCompletion done{HandleOf(c), s.cookie, s.header.key, s.header.iteration, s.header.offset,
+                              s.header.length};
+    c.last_progress = now;
+    c.counters.acks_received.Add_st(1);
+    counters_->acks_received.Add_st(1);
+    if (BitTest(dh.rejected, m)) {
+      c.counters.sends_failed.Add_st(1);
+      counters_->sends_failed.Add_st(1);
+      handler_->OnSendFailed_st(done, absl::FailedPreconditionError(absl::StrFormat(
+                                          "peer rank %d had no destination for key %d iteration %d",
+                                          c.peer_rank, done.key, done.iteration)));
+    } else {
+      handler_->OnSendAcked_st(done, now);
+    }
+    if (c.state != ConnState::kEstablished) return false;
+  }
+  return true;
+}
+
+bool ReliableTransport::OnData(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now) {
+  const uint64_t seq = dh.seq;
+  if (seq < c.rcv_nxt) {
+    counters_->duplicates.Add_st(1);
+    c.ack_now = true;  // our ack was probably lost
+    return true;
+  }
+  if (seq >= c.rcv_nxt + window_ || (seq > c.rcv_nxt && body.size() > max_dgram_ - kDgramHeaderBytes)) {
+    counters_->beyond_credit.Add_st(1);
+    c.ack_now = true;
+    return true;
+  }
+  if (c.ack_due_since == kNever) c.ack_due_since = now;
+  if (seq > c.rcv_nxt) {
+    Conn::RxSlot& slot = c.rx_slots[seq % window_];
+    if (slot.present) {
+      counters_->duplicates.Add_st(1);
+    } else {
+      slot.present = true;
+      slot.flags = dh.flags;
+      slot.msg = dh.msg;
+      slot.msg_offset = dh.msg_offset;
+      slot.bytes = static_cast<uint32_t>(body.size());
+      std::memcpy(c.rx_buf.data() + (seq % window_) * (max_dgram_ - kDgramHeaderBytes), body.data(), body.size());
+      BitSet(c.sack, seq, true);
+      counters_->out_of_order.Add_st(1);
+    }
+    c.ack_now = true;  // tell the sender about the hole at once (fast retransmit)
+    return true;
+  }
+  if (!Deliver(c, dh.flags, dh.msg, dh.msg_offset, body, now)) return false;
+  ++c.rcv_nxt;
+  ++c.rx_unacked;
+  for (;;) {
+    Conn::RxSlot& slot = c.rx_slots[c.rcv_nxt % window_];
+    if (!slot.present) break;
+    slot.present = false;
+    BitSet(c.sack, c.rcv_nxt, false);
+    const uint8_t* data = c.rx_buf.data() + (c.rcv_nxt % window_) * (max_dgram_ - kDgramHeaderBytes);
+    if (!Deliver(c, slot.flags, slot.msg, slot.msg_offset, std::span<const uint8_t>(data, slot.bytes), now)) {
+      return false;
+    }
+    ++c.rcv_nxt;
+    ++c.rx_unacked;
+  }
+  return true;
+}
+
+bool ReliableTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t msg_offset,
+                                std::span<const uint8_t> bytes, TimeNs now) {
+  auto violation = [&](WireError code, std::string_view what) {
+    Refuse(c, code, absl::InvalidArgumentError(absl::StrCat("peer rank ", c.peer_rank, ": ", std::string(what))));
+    return false;
+  };
+  if ((flags & kPktFirst) != 0) {
+    if (c.rx_in_msg || msg != c.rx_msg_next) return violation(WireError::kUnexpectedFrame, "segment out of order");
+    if (bytes.size() < kFrameHeaderBytes) return violation(WireError::kBadLength, "first packet without a header");
+    FrameHeader& h = c.rx_header;
+    std::memcpy(&h, bytes.data(), sizeof(h));
+    bytes = bytes.subspan(kFrameHeaderBytes);
+    if (WireError e = CheckHeader(h, options_.max_segment_bytes); e != WireError::kNone) {
+      Refuse(c, e, ValidateHeader(h, options_.max_segment_bytes));
+      return false;
+    }
+    if (TypeOf(h) != FrameType::kData) return violation(WireError::kUnexpectedFrame, "non-data frame in the data stream");
+    if (h.job_id != jobs_[c.job_index].creds.job_id) return violation(WireError::kUnknownJob, "frame for another job");
+    c.rx_in_msg = true;
+    c.rx_got = 0;
+    c.rx_target = handler_->ResolveRecv_st(InfoOf(c), h);
+    if (c.state != ConnState::kEstablished) return false;
+    bool ok = c.rx_target.accept && c.rx_target.region < regions_.size() && regions_[c.rx_target.region].used;
+    if (ok) {
+      const RegisteredRegion& r = regions_[c.rx_target.region];
+      ok = c.rx_target.region_offset <= r.bytes && h.length <= r.bytes - c.rx_target.region_offset;
+      if (ok) c.rx_dst = r.base + c.rx_target.region_offset;
+    }
+    if (!ok) {
+      c.rx_target.accept = false;
+      CountError(WireError::kNoTarget);
+    }
+  } else if (!c.rx_in_msg || msg != c.rx_msg_next) {
+    return violation(WireError::kUnexpectedFrame, "continuation of a segment not started");
+  }
+  const FrameHeader& h = c.rx_header;
+  if (msg_offset != c.rx_got || bytes.size() > h.length - c.rx_got) {
+    return violation(WireError::kBadLength, "packet does not continue its segment");
+  }
+  if (c.rx_target.accept && !bytes.empty()) std::memcpy(c.rx_dst + msg_offset, bytes.data(), bytes.size());
+  c.rx_got += bytes.size();
+  if ((flags & kPktLast) == 0) return true;
+  if (c.rx_got != h.length) return violation(WireError::kBadLength, "segment ended short");
+  c.rx_in_msg = false;
+  const bool accepted = c.rx_target.accept;
+  BitSet(c.rejected, c.rx_msg_next, !accepted);
+  ++c.rx_msg_next;
+  c.ack_now = true;  // the sender's credit returns on this
+  c.counters.acks_sent.Add_st(1);
+  counters_->acks_sent.Add_st(1);
+  if (accepted) {
+    c.counters.bytes_received.Add_st(h.length);
+    c.counters.frames_received.Add_st(1);
+    counters_->bytes_received.Add_st(h.length);
+    counters_->frames_received.Add_st(1);
+    handler_->OnRecvDone_st(InfoOf(c), h, c.rx_target, now);
+    if (c.state != ConnState::kEstablished) return false;
+  }
+  return true;
+}
+
+// ---- teardown ---------------------------------------------------------------------------------
+
+void ReliableTransport::Refuse(Conn& c, WireError code, const absl::Status& why) {
+  if (code != WireError::kShutdown) CountError(code);
+  if (c.state == ConnState::kEstablished || c.state == ConnState::kHelloSent) {
+    const Job& job = jobs_[c.job_index];
+    if (c.remote_conn != 0) {
+      SendError(c.addr, c.remote_conn, &c, DgramType::kClose, job.creds.job_id, job.creds.local_rank, code,
+                std::string_view(why.message().data(), why.message().size()));
+    }
+  }
+  Teardown(c, why);
+}
+
+void ReliableTransport::Teardown(Conn& c, const absl::Status& why) {
+  if (c.state == ConnState::kDead || c.state == ConnState::kFree) return;
+  c.state = ConnState::kDead;
+  FailPendingAndReportDown(c, why);
+  dead_slots_.push_back(static_cast<uint32_t>(&c - conns_.data()));
+}
+
+void ReliableTransport::FailPendingAndReportDown(Conn& c, const absl::Status& why) {
+  const bool report = c.known;
+  c.known = false;
+  while (c.msg_acked != c.msg_post) {
+    const Conn::PendingSend& s = c.Send(c.msg_acked++);
+    c.counters.sends_failed.Add_st(1);
+    counters_->sends_failed.Add_st(1);
+    handler_->OnSendFailed_st(
+        SendCompletion{HandleOf(c), s.cookie, s.header.key, s.header.iteration, s.header.offset, s.header.length},
+        why);
+  }
+  if (report) {
+    counters_->peers_down.Add_st(1);
+    handler_->OnPeerDown_st(InfoOf(c), why);
+  }
+}
+
+void ReliableTransport::ReleaseDeadSlots() {
+  for (const uint32_t idx : dead_slots_) {
+    Conn& c = conns_[idx];
+    c.state = ConnState::kFree;
+    c.generation.store(c.generation.load(std::memory_order_relaxed) % 0xFFFFu + 1, std::memory_order_relaxed);
+    free_slots_.push_back(idx);
+    active_.erase(std::find(active_.begin(), active_.end(), idx));
+  }
+  dead_slots_.clear();
+}
+
+ReliableTransport::Conn* ReliableTransport::AllocConn() {
+  if (free_slots_.empty()) return nullptr;
+  const uint32_t idx = free_slots_.back();
+  free_slots_.pop_back();
+  active_.push_back(idx);
+  Conn& c = conns_[idx];
+  if (c.sends.empty()) {
+    // First use of this slot: size its rings once; later uses reuse them.
+    const uint32_t n = RoundUpPow2(options_.max_pending_sends_per_peer);
+    c.sends.resize(n);
+    c.send_mask = n - 1;
+    c.pkts.resize(kMaxWindow);
+    c.pkt_mask = kMaxWindow - 1;
+    c.rx_slots.resize(window_);
+    c.rx_buf.resize(static_cast<size_t>(window_) * (max_dgram_ - kDgramHeaderBytes));
+  }
+  c.inbound = c.known = false;
+  c.job_index = -1;
+  c.peer_rank = 0;
+  c.addr = {};
+  c.addr_text.clear();
+  c.remote_conn = 0;
+  c.retry_at = c.give_up_at = c.backoff = 0;
+  c.hellos = 0;
+  c.restart_progress = false;
+  c.last_heard = c.last_progress = c.last_ping = 0;
+  c.msg_post = c.msg_acked = c.msg_tx = c.msgs_sent = c.tx_off = 0;
+  c.tx_started = false;
+  c.snd_una = c.snd_nxt = c.peer_limit = c.highest_sacked = 0;
+  c.sack_holes = false;
+  c.srtt = c.rttvar = 0;
+  c.rto = rel_.initial_rto;
+  c.have_rtt = false;
+  c.timer_at = kNever;
+  c.rcv_nxt = 0;
+  std::fill(std::begin(c.sack), std::end(c.sack), 0);
+  std::fill(std::begin(c.rejected), std::end(c.rejected), 0);
+  c.rx_msg_next = 0;
+  c.rx_in_msg = false;
+  c.rx_dst = nullptr;
+  c.rx_got = 0;
+  for (Conn::RxSlot& s : c.rx_slots) s.present = false;
+  c.rx_unacked = 0;
+  c.ack_now = false;
+  c.ack_due_since = kNever;
+  c.counters.Reset_st();
+  return &c;
+}
+
+ReliableTransport::Conn* ReliableTransport::Lookup(PeerHandle h) {
+  const uint32_t idx = h & kIndexMask;
+  if (idx >= conns_.size()) return nullptr;
+  Conn& c = conns_[idx];
+  if (c.generation.load(std::memory_order_relaxed) != (h >> kIndexBits) || c.state == ConnState::kFree) return nullptr;
+  return &c;
+}
+
+PeerHandle ReliableTransport::HandleOf(const Conn& c) const {
+  return (c.generation.load(std::memory_order_relaxed) << kIndexBits) | static_cast<uint32_t>(&c - conns_.data());
+}
+
+PeerInfo ReliableTransport::InfoOf(const Conn& c) const {
+  PeerInfo p;
+  p.handle = HandleOf(c);
+  p.job_id = c.job_index >= 0 ? jobs_[c.job_index].creds.job_id : 0;
+  p.rank = c.peer_rank;
+  p.inbound = c.inbound;
+  return p;
+}
+
+// ---- stats ------------------------------------------------------------------------------------
+
+TransportStats ReliableTransport::Stats() const {
+  const Counters& k = *counters_;
+  TransportStats s;
+  for (size_t i = 0; i < kWireErrorCount; ++i) s.errors[i] = k.errors[i].Get();
+  s.connect_attempts = k.connect_attempts.Get();
+  s.connect_retries = k.connect_retries.Get();
+  s.peers_up = k.peers_up.Get();
+  s.peers_down = k.peers_down.Get();
+  s.peer_resets = k.peer_resets.Get();
+  s.peer_timeouts = k.peer_timeouts.Get();
+  s.accepts_refused = k.accepts_refused.Get();
+  s.total = PeerStats{k.bytes_sent.Get(), k.bytes_received.Get(), k.frames_sent.Get(), k.frames_received.Get(),
+                      k.acks_sent.Get(), k.acks_received.Get(), k.sends_failed.Get()};
+  return s;
+}
+
+PeerStats ReliableTransport::PeerStatsOf(PeerHandle peer) const {
+  const uint32_t idx = peer & kIndexMask;
+  if (idx >= conns_.size()) return PeerStats{};
+  const Conn& c = conns_[idx];
+  if (c.generation.load(std::memory_order_relaxed) != (peer >> kIndexBits)) return PeerStats{};
+  const PeerCounters& k = c.counters;
+  return PeerStats{k.bytes_sent.Get(), k.bytes_received.Get(), k.frames_sent.Get(), k.frames_received.Get(),
+                   k.acks_sent.Get(), k.acks_received.Get(), k.sends_failed.Get()};
+}
+
+ReliableStats ReliableTransport::ReliableStatsNow() const {
+  const Counters& k = *counters_;
+  ReliableStats s;
+  s.datagrams_sent = k.datagrams_sent.Get();
+  s.datagrams_received = k.datagrams_received.Get();
+  s.data_packets_sent = k.data_packets_sent.Get();
+  s.retransmits = k.retransmits.Get();
+  s.timeouts = k.timeouts.Get();
+  s.duplicates = k.duplicates.Get();
+  s.out_of_order = k.out_of_order.Get();
+  s.beyond_credit = k.beyond_credit.Get();
+  s.pure_acks_sent = k.pure_acks_sent.Get();
+  s.stray = k.stray.Get();
+  s.injected_drops = k.injected_drops.Get();
+  s.injected_reorders = k.injected_reorders.Get();
+  s.injected_duplicates = k.injected_duplicates.Get();
+  s.link_full = k.link_full.Get();
+  return s;
+}
+
+}  // namespace gradlane::transport::dpdk

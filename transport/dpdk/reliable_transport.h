@@ -1,0 +1,243 @@
+// transport/dpdk/reliable_transport.h — gradlane's reliable datagram protocol as pure logic: a
+// complete Transport (transport/transport.h) over any unreliable datagram link.
+//
+// DPDK gives packets, not reliability; this class adds it, and nothing in it knows about DPDK:
+// it sends and receives through a small DatagramLink interface and takes time as an argument,
+// so the unit tests run it over an in-memory lossy pipe on virtual time, and the DPDK backend
+// (dpdk_transport.h) runs the same code over a NIC port. The shape follows eRPC/Machnet:
+//   - segmentation: a segment (FrameHeader + payload) becomes packets of the link's largest
+//     datagram (jumbo where the port allows); the first carries the FrameHeader;
+//   - per-connection sliding window over packet sequence numbers, with cumulative + selective
+//     acks piggybacked on every header, and delayed pure acks (every `ack_every` packets, at the
+//     end of a message, on anything out of order, or after `ack_delay`);
+//   - retransmission: RTO from RTT samples (RFC 6298, Karn's rule, exponential back-off), and
+//     fast retransmission of holes the selective ack shows;
+//   - receiver-advertised credits: a sender never has packets beyond ack + credit in flight, and
+//     the receiver's reorder buffer holds exactly `credit` packets, so nobody is overrun;
+//   - in-order delivery: the engine sees ResolveRecv_st/OnRecvDone_st per segment in send order;
+//     in-order packets are copied straight to the destination, only out-of-order ones are held;
+//   - the handshake of the TCP backend (hello with job, rank, world and token → hello-ok or
+//     reject with the same WireError codes and statuses), keepalive probes so a vanished peer is
+//     noticed after peer_timeout even when idle, and a best-effort close with a reason;
+//   - fault injection on transmit (drop every Nth / with probability p, reorder, duplicate) to
+//     prove the above.
+//
+// Guarantees: those of transport/transport.h. The send source is referenced, not copied, until
+// the segment is acknowledged (retransmissions read it again), so the engine's rule "reuse a
+// buffer after ack/fail" is exactly what this backend needs. No allocation on the data path: send
+// rings, packet rings and the reorder buffer are sized when a connection slot is first used
+// (control path) and kept. Thread rules: `_st` methods and the DatagramSink callback on the
+// owning engine thread; Stats()/PeerStatsOf() from any thread (relaxed atomics).
+#ifndef GRADLANE_TRANSPORT_DPDK_RELIABLE_TRANSPORT_H_
+#define GRADLANE_TRANSPORT_DPDK_RELIABLE_TRANSPORT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "transport/dpdk/reliable_wire.h"
+#include "transport/transport.h"
+
+namespace gradlane::transport::dpdk {
+
+// An IPv4 address and UDP port, host byte order.
+struct Ipv4Endpoint {
+  uint32_t ip = 0;
+  uint16_t port = 0;
+  bool operator==(const Ipv4Endpoint&) const = default;
+};
+// "a.b.c.d:port" → endpoint; InvalidArgument otherwise (the DPDK backend speaks IPv4 only).
+absl::StatusOr<Ipv4Endpoint> ParseIpv4Endpoint(std::string_view host_port);
+absl::StatusOr<uint32_t> ParseIpv4(std::string_view host);
+std::string FormatIpv4(uint32_t ip);
+std::string FormatEndpoint(const Ipv4Endpoint& e);
+
+// Where received datagrams go.
+class DatagramSink {
+ public:
+  virtual ~DatagramSink() = default;
+  virtual void OnDatagram_st(const Ipv4Endpoint& from, std::span<const uint8_t> bytes, TimeNs now) = 0;
+};
+
+// The unreliable link under the protocol: the DPDK port in production, a lossy pipe in tests.
+class DatagramLink {
+ public:
+  virtual ~DatagramLink() = default;
+  // Largest datagram (UDP payload) one send may carry; at least kMinDatagramBytes.
+  virtual uint32_t max_datagram_bytes() const = 0;
+  // This end's address (the port is what Listen_st reports).
+  virtual Ipv4Endpoint local_endpoint() const = 0;
+  // Queues one datagram of head + body. `head` is copied; `body` may be referenced instead
+  // (zero-copy): it stays valid until the send it belongs to is acknowledged or failed. False:
+  // no room right now (nothing was queued; try again on a later step).
+  virtual bool Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head,
+                       std::span<const uint8_t> body) = 0;
+  // Puts queued datagrams on the wire.
+  virtual void Flush_st() = 0;
+  // Hands received datagrams to `sink`. With none ready and wait > 0, waits for one up to
+  // `wait` (backing off, so an idle daemon does not hold a core). Returns datagrams handed over.
+  virtual int Poll_st(DatagramSink* sink, TimeNs now, TimeNs wait) = 0;
+};
+
+// Transmit-side fault injection (tests and the loss benchmark; all zero in production).
+struct FaultOptions {
+  uint32_t drop_every = 0;            // drop every Nth datagram sent (0: never)
+  double drop_probability = 0;        // and/or each with this probability
+  double reorder_probability = 0;     // hold a datagram back and send it after the next one
+  double duplicate_probability = 0;   // send a datagram twice
+  uint64_t seed = 1;
+  bool any() const {
+    return drop_every != 0 || drop_probability > 0 || reorder_probability > 0 || duplicate_probability > 0;
+  }
+};
+
+struct ReliableOptions {
+  // Packets in flight per connection, and the credit (reorder buffer) each receiver offers.
+  uint32_t window_packets = kMaxWindow;
+  // Largest datagram to build; 0 or above the link's: the link's.
+  uint32_t max_datagram_bytes = 0;
+  TimeNs initial_rto = 5 * sched::kMillisecond;
+  TimeNs min_rto = 1 * sched::kMillisecond;
+  TimeNs max_rto = 200 * sched::kMillisecond;
+  uint32_t ack_every = 16;
+  TimeNs ack_delay = 50 * sched::kMicrosecond;
+  FaultOptions faults;
+};
+
+// Protocol counters beyond TransportStats (any thread).
+struct ReliableStats {
+  uint64_t datagrams_sent = 0;
+  uint64_t datagrams_received = 0;
+  uint64_t data_packets_sent = 0;
+  uint64_t retransmits = 0;        // data packets sent again (timeout or fast)
+  uint64_t timeouts = 0;           // retransmission timer expiries
+  uint64_t duplicates = 0;         // data packets received twice
+  uint64_t out_of_order = 0;       // data packets held for reordering
+  uint64_t beyond_credit = 0;      // data packets dropped for lying past the credit we offered
+  uint64_t pure_acks_sent = 0;
+  uint64_t stray = 0;              // datagrams for no known connection
+  uint64_t injected_drops = 0, injected_reorders = 0, injected_duplicates = 0;
+  uint64_t link_full = 0;          // sends the link had no room for (retried later)
+};
+
+class ReliableTransport final : public DatagramSink {
+ public:
+  // Validates options and preallocates. `link` and `handler` must outlive the transport.
+  static absl::StatusOr<std::unique_ptr<ReliableTransport>> Create(const TransportOptions& options,
+                                                                   const ReliableOptions& reliable,
+                                                                   DatagramLink* link,
+                                                                   TransportHandler* handler);
+  ~ReliableTransport() override;
+  ReliableTransport(const ReliableTransport&) = delete;
+  ReliableTransport& operator=(const ReliableTransport&) = delete;
+
+  // Starts answering hellos. Returns the link's UDP port.
+  absl::StatusOr<uint16_t> Listen_st();
+  absl::Status AddJob_st(const JobCredentials& job);
+  // Closes the job's connections (pending sends fail with Cancelled, known peers reported down,
+  // synchronously) and stops accepting its hellos.
+  absl::Status RemoveJob_st(uint64_t job_id);
+  // Dials "a.b.c.d:port"; hellos are repeated with back-off until connect_deadline.
+  absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job, std::string_view address, TimeNs now);
+  void Disconnect_st(PeerHandle peer, TimeNs now);
+  absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes);
+  absl::Status UnregisterRegion_st(RegionId region);
+  absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec);
+  // Receives, runs timers, retransmits, sends new packets and acks. With nothing to do and
+  // wait_ms > 0 the link waits for input (up to wait_ms, or the next timer).
+  int Progress_st(TimeNs now, int wait_ms);
+
+  uint16_t listen_port() const { return link_->local_endpoint().port; }
+  TransportStats Stats() const;
+  PeerStats PeerStatsOf(PeerHandle peer) const;
+  ReliableStats ReliableStatsNow() const;
+
+  // DatagramSink: one received datagram (engine thread, from inside Progress_st).
+  void OnDatagram_st(const Ipv4Endpoint& from, std::span<const uint8_t> bytes, TimeNs now) override;
+
+ private:
+  struct Conn;
+  struct Job {
+    bool active = false;
+    JobCredentials creds;
+  };
+
+  ReliableTransport(const TransportOptions& options, const ReliableOptions& reliable,
+                    DatagramLink* link, TransportHandler* handler);
+
+  Conn* Lookup(PeerHandle h);
+  PeerHandle HandleOf(const Conn& c) const;
+  PeerInfo InfoOf(const Conn& c) const;
+  Conn* AllocConn();
+  int FindJob(uint64_t job_id) const;
+
+  void OnHello(const Ipv4Endpoint& from, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now);
+  void OnHelloOk(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now);
+  void OnCloseOrReject(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body);
+  // Returns false when the connection went away (a callback closed it, or it was refused).
+  bool OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now);
+  bool OnData(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now);
+  bool Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t msg_offset,
+               std::span<const uint8_t> bytes, TimeNs now);
+
+  void Service(Conn& c, TimeNs now);
+  void SendHello(Conn& c);
+  bool Retransmit(Conn& c, TimeNs now);
+  bool SendNew(Conn& c, TimeNs now);
+  bool SendDataPacket(Conn& c, uint64_t seq);
+  void SendAck(Conn& c, bool probe);
+  void FillAckFields(Conn& c, DgramHeader& h, TimeNs now);
+  // A control datagram (hello/ok/reject/close): DgramHeader + FrameHeader + optional body.
+  bool SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
+                   const FrameHeader& fh, const void* body, size_t body_bytes);
+  void SendError(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
+                 uint64_t job_id, uint16_t rank, WireError code, std::string_view reason);
+  bool Transmit(const Ipv4Endpoint& to, std::span<const uint8_t> head, std::span<const uint8_t> body);
+  void FlushHeld();
+
+  // Protocol violation or timeout: count, tell the peer why (best effort), tear down.
+  void Refuse(Conn& c, WireError code, const absl::Status& why);
+  void Teardown(Conn& c, const absl::Status& why);
+  void FailPendingAndReportDown(Conn& c, const absl::Status& why);
+  void ReleaseDeadSlots();
+  void CountError(WireError e);
+  double NextRandom();
+
+  const TransportOptions options_;
+  ReliableOptions rel_;
+  DatagramLink* const link_;
+  TransportHandler* const handler_;
+  uint32_t max_dgram_ = 0;
+  uint32_t window_ = 0;
+  bool listening_ = false;
+  std::unique_ptr<Conn[]> conn_storage_;
+  std::span<Conn> conns_;
+  std::vector<uint32_t> free_slots_;
+  std::vector<uint32_t> dead_slots_;
+  std::vector<uint32_t> active_;  // slots in use (any state but free)
+  std::vector<Job> jobs_;
+  std::vector<RegisteredRegion> regions_;
+  // Fault injection: one datagram held back for reordering.
+  uint64_t fault_count_ = 0;
+  uint64_t rng_ = 0;
+  bool held_ = false;
+  Ipv4Endpoint held_to_;
+  std::vector<uint8_t> held_head_;
+  std::span<const uint8_t> held_body_;
+  size_t held_head_bytes_ = 0;
+
+  struct Counters;
+  std::unique_ptr<Counters> counters_;
+};
+
+static_assert(Transport<ReliableTransport>);
+
+}  // namespace gradlane::transport::dpdk
+
+#endif  // GRADLANE_TRANSPORT_DPDK_RELIABLE_TRANSPORT_H_
