@@ -30,6 +30,10 @@ ABSL_FLAG(uint64_t, arena_bytes, 0, "default shared-memory arena per client sess
 ABSL_FLAG(uint64_t, max_arena_bytes, uint64_t{1} << 30, "largest arena a client may ask for");
 ABSL_FLAG(uint64_t, partition_bytes, 0, "partition size δ in bytes (0: each policy's default)");
 ABSL_FLAG(uint64_t, credit_bytes, 0, "credit window in bytes (0: each policy's default)");
+ABSL_FLAG(uint32_t, max_peer_connections, 1024,
+          "peer connections, inbound and outbound (a job of W ranks needs 2(W-1))");
+ABSL_FLAG(uint32_t, max_unauthenticated_peers, 32,
+          "accepted peer connections that have not yet presented a job token");
 ABSL_FLAG(bool, autotune, false,
           "bytescheduler: tune the credit window online with Bayesian optimisation");
 
@@ -117,6 +121,16 @@ absl::StatusOr<EngineOptions> OptionsFromFlags() {
   if (const uint64_t a = absl::GetFlag(FLAGS_arena_bytes); a != 0) o.sessions.default_arena_bytes = a;
   if (o.sessions.default_arena_bytes > o.sessions.max_arena_bytes) {
     return absl::InvalidArgumentError("--arena_bytes is above --max_arena_bytes");
+  }
+  o.transport.max_connections = absl::GetFlag(FLAGS_max_peer_connections);
+  o.transport.max_unauthenticated = absl::GetFlag(FLAGS_max_unauthenticated_peers);
+  if (o.transport.max_connections < 2 || o.transport.max_connections > 4096) {
+    return absl::InvalidArgumentError("--max_peer_connections must be in [2, 4096]");
+  }
+  if (o.transport.max_unauthenticated == 0 ||
+      o.transport.max_unauthenticated > o.transport.max_connections) {
+    return absl::InvalidArgumentError(
+        "--max_unauthenticated_peers must be in [1, --max_peer_connections]");
   }
   o.partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
   o.credit_bytes = absl::GetFlag(FLAGS_credit_bytes);

@@ -1,6 +1,7 @@
 #include "daemon/session_server.h"
 
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -16,7 +17,9 @@
 namespace gradlane::daemon {
 namespace {
 
-enum Kind : uint64_t { kListener = 1, kPending = 2, kSocket = 3, kPidfd = 4, kDoorbell = 5 };
+enum Kind : uint64_t {
+  kListener = 1, kPending = 2, kSocket = 3, kPidfd = 4, kDoorbell = 5, kHandoff = 6, kStop = 7
+};
 constexpr int kKindShift = 56;
 constexpr uint64_t Token(Kind k, uint64_t id) { return (uint64_t{k} << kKindShift) | id; }
 constexpr Kind TokenKind(uint64_t t) { return static_cast<Kind>(t >> kKindShift); }
@@ -91,10 +94,24 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Create(SessionServ
   auto listener = shm::ListenUnix(options.socket_path, options.socket_mode);
   if (!listener.ok()) return listener.status();
   shm::UniqueFd ep(::epoll_create1(EPOLL_CLOEXEC));
-  if (!ep.valid()) return absl::InternalError(absl::StrCat("epoll_create1: ", std::strerror(errno)));
+  shm::UniqueFd acceptor_ep(::epoll_create1(EPOLL_CLOEXEC));
+  shm::UniqueFd handoff(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  shm::UniqueFd stop(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!ep.valid() || !acceptor_ep.valid() || !handoff.valid() || !stop.valid()) {
+    const int err = errno;
+    ::unlink(options.socket_path.c_str());
+    return absl::InternalError(absl::StrCat("epoll/eventfd: ", std::strerror(err)));
+  }
   auto server = std::unique_ptr<SessionServer>(
       new SessionServer(std::move(options), sink, std::move(*listener), std::move(ep)));
-  server->Watch(server->listener_.get(), Token(kListener, 0), EPOLLIN);
+  server->acceptor_epoll_ = std::move(acceptor_ep);
+  server->handoff_fd_ = std::move(handoff);
+  server->stop_fd_ = std::move(stop);
+  server->Watch(server->handoff_fd_.get(), Token(kHandoff, 0), EPOLLIN);
+  server->AcceptorWatch(server->listener_.get(), Token(kListener, 0), EPOLLIN);
+  server->AcceptorWatch(server->stop_fd_.get(), Token(kStop, 0), EPOLLIN);
+  SessionServer* raw = server.get();
+  server->acceptor_ = std::thread([raw] { raw->AcceptorLoop(); });
   return server;
 }
 
@@ -112,6 +129,16 @@ SessionServer::SessionServer(SessionServerOptions options, PostSink* sink, shm::
 }
 
 SessionServer::~SessionServer() {
+  if (acceptor_.joinable()) {
+    const uint64_t one = 1;
+    (void)!::write(stop_fd_.get(), &one, sizeof(one));
+    acceptor_.join();
+  }
+  {
+    // Handed over but never adopted: closing their sockets tells those clients.
+    std::lock_guard<std::mutex> lock(handoff_mu_);
+    handoff_.clear();
+  }
   while (!sessions_.empty()) {
     CloseSession(sessions_.back()->session->id(), GL_E_DISCONNECTED, "daemon shutting down");
   }
@@ -123,6 +150,13 @@ void SessionServer::Watch(int fd, uint64_t token, uint32_t events) {
   ev.events = events;
   ev.data.u64 = token;
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
+}
+
+void SessionServer::AcceptorWatch(int fd, uint64_t token, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = token;
+  ::epoll_ctl(acceptor_epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
 }
 
 void SessionServer::Unwatch(int fd) {
@@ -171,12 +205,13 @@ int SessionServer::PollControl(sched::TimeNs now) {
     const uint64_t t = events[i].data.u64;
     ++work;
     switch (TokenKind(t)) {
+      case kHandoff:
+        AdoptHandedOff();
+        break;
       case kListener:
-        AcceptAll(now);
-        break;
       case kPending:
-        HandlePending(TokenId(t));
-        break;
+      case kStop:
+        break;  // the acceptor thread's
       case kSocket:
         HandleSessionSocket(TokenId(t), events[i].events);
         break;
@@ -193,19 +228,73 @@ int SessionServer::PollControl(sched::TimeNs now) {
     }
   }
   if (n == 64) control_pending_ = true;  // more may be waiting
-  // Connections that never said hello.
-  for (size_t i = 0; i < pending_.size();) {
-    if (now >= pending_[i]->deadline) {
-      Unwatch(pending_[i]->socket.get());
-      pending_[i] = std::move(pending_.back());
-      pending_.pop_back();
-      ++work;
-      continue;
-    }
-    ++i;
-  }
   if (work > 0) Publish();
   return work;
+}
+
+void SessionServer::AdoptHandedOff() {
+  uint64_t count = 0;
+  (void)!::read(handoff_fd_.get(), &count, sizeof(count));
+  std::vector<std::unique_ptr<Live>> ready;
+  {
+    std::lock_guard<std::mutex> lock(handoff_mu_);
+    ready.swap(handoff_);
+  }
+  for (auto& live : ready) {
+    Session& sess = *live->session;
+    const uint64_t id = sess.id();
+    // Level-triggered: whatever the client sent or rang before adoption fires right away.
+    Watch(sess.socket_fd(), Token(kSocket, id), EPOLLIN | EPOLLRDHUP);
+    Watch(sess.sq_doorbell_fd(), Token(kDoorbell, id), EPOLLIN);
+    if (live->pidfd.valid()) Watch(live->pidfd.get(), Token(kPidfd, id), EPOLLIN);
+    sessions_.push_back(std::move(live));
+  }
+  control_pending_ = true;
+}
+
+// ------------------------------------------------------------------ acceptor thread ----
+
+void SessionServer::AcceptorLoop() {
+  std::vector<uint8_t> rx(GL_MAX_CONTROL_MESSAGE);
+  for (;;) {
+    // Sleep until an event or the earliest hello deadline.
+    sched::TimeNs now = MonotonicNow();
+    int timeout_ms = -1;
+    for (const auto& p : pending_) {
+      const sched::TimeNs left = p->deadline > now ? p->deadline - now : 0;
+      const int ms = static_cast<int>(std::min<sched::TimeNs>(left / sched::kMillisecond + 1, 60000));
+      timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+    }
+    epoll_event events[16];
+    const int n = ::epoll_wait(acceptor_epoll_.get(), events, 16, timeout_ms);
+    now = MonotonicNow();
+    for (int i = 0; i < n; ++i) {
+      const uint64_t t = events[i].data.u64;
+      switch (TokenKind(t)) {
+        case kStop:
+          pending_.clear();
+          return;
+        case kListener:
+          AcceptAll(now);
+          break;
+        case kPending:
+          HandlePending(TokenId(t), rx);
+          break;
+        default:
+          break;
+      }
+    }
+    // Connections that never said hello.
+    for (size_t i = 0; i < pending_.size();) {
+      if (now >= pending_[i]->deadline) {
+        ::epoll_ctl(acceptor_epoll_.get(), EPOLL_CTL_DEL, pending_[i]->socket.get(), nullptr);
+        pending_[i] = std::move(pending_.back());
+        pending_.pop_back();
+        continue;
+      }
+      ++i;
+    }
+  }
 }
 
 void SessionServer::AcceptAll(sched::TimeNs now) {
@@ -215,14 +304,14 @@ void SessionServer::AcceptAll(sched::TimeNs now) {
     if (pending_.size() >= options_.max_pending) {
       // Someone is opening connections without saying hello: do not let them pile up.
       ::close(fd);
-      ++totals_.handshakes_rejected;
+      handshakes_rejected_.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
     auto p = std::make_unique<Pending>();
-    p->token = next_id_++;
+    p->token = next_id_.fetch_add(1, std::memory_order_relaxed);
     p->socket.Reset(fd);
     p->deadline = now + options_.handshake_timeout;
-    Watch(fd, Token(kPending, p->token), EPOLLIN | EPOLLRDHUP);
+    AcceptorWatch(fd, Token(kPending, p->token), EPOLLIN | EPOLLRDHUP);
     pending_.push_back(std::move(p));
   }
 }
@@ -237,24 +326,24 @@ void SessionServer::RejectHandshake(Pending& p, uint64_t request_id, gl_status s
   r.abi_version = GL_ABI_VERSION;
   CopyMessage(r.message, why);
   (void)shm::SendMessage(p.socket.get(), &r, sizeof(r));
-  ++totals_.handshakes_rejected;
-  ++totals_.rejected_by_status[status];
+  handshakes_rejected_.fetch_add(1, std::memory_order_relaxed);
+  rejected_by_status_[status].fetch_add(1, std::memory_order_relaxed);
 }
 
-void SessionServer::HandlePending(uint64_t token) {
+void SessionServer::HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf) {
   auto it = std::find_if(pending_.begin(), pending_.end(),
                          [&](const auto& p) { return p->token == token; });
   if (it == pending_.end()) return;
   std::unique_ptr<Pending> p = std::move(*it);
   *it = std::move(pending_.back());
   pending_.pop_back();
-  Unwatch(p->socket.get());
+  ::epoll_ctl(acceptor_epoll_.get(), EPOLL_CTL_DEL, p->socket.get(), nullptr);
 
   std::array<shm::UniqueFd, shm::kMaxPassedFds> stray;  // a hello carries no fds: dropped
-  auto rx = shm::ReceiveMessage(p->socket.get(), rx_buf_.data(), rx_buf_.size(), stray);
+  auto rx = shm::ReceiveMessage(p->socket.get(), rx_buf.data(), rx_buf.size(), stray);
   if (!rx.ok()) {
     if (absl::IsUnavailable(rx.status())) {  // spurious wake-up: keep waiting
-      Watch(p->socket.get(), Token(kPending, p->token), EPOLLIN | EPOLLRDHUP);
+      AcceptorWatch(p->socket.get(), Token(kPending, p->token), EPOLLIN | EPOLLRDHUP);
       pending_.push_back(std::move(p));
       return;
     }
@@ -267,7 +356,7 @@ void SessionServer::HandlePending(uint64_t token) {
     // Read the magic if there is one, so a foreign protocol gets the clearer error.
     uint32_t magic = 0;
     if (rx->bytes >= offsetof(gl_hello, magic) + sizeof(magic)) {
-      std::memcpy(&magic, rx_buf_.data() + offsetof(gl_hello, magic), sizeof(magic));
+      std::memcpy(&magic, rx_buf.data() + offsetof(gl_hello, magic), sizeof(magic));
     }
     if (magic != GL_ABI_MAGIC) {
       RejectHandshake(*p, 0, GL_E_BAD_MAGIC, "not a gradlane client (bad magic in hello)");
@@ -278,7 +367,7 @@ void SessionServer::HandlePending(uint64_t token) {
     }
     return;
   }
-  std::memcpy(&h, rx_buf_.data(), sizeof(h));
+  std::memcpy(&h, rx_buf.data(), sizeof(h));
   if (h.magic != GL_ABI_MAGIC) {
     RejectHandshake(*p, h.header.request_id, GL_E_BAD_MAGIC,
                     absl::StrCat("bad magic 0x", absl::Hex(h.magic), " in hello (want 0x",
@@ -306,7 +395,7 @@ void SessionServer::HandlePending(uint64_t token) {
                                  " is not allowed to use this daemon"));
     return;
   }
-  if (sessions_.size() >= options_.max_sessions) {
+  if (live_sessions_.load(std::memory_order_relaxed) >= options_.max_sessions) {
     RejectHandshake(*p, h.header.request_id, GL_E_NO_MEMORY,
                     absl::StrCat("session limit (", options_.max_sessions, ") reached"));
     return;
@@ -316,7 +405,7 @@ void SessionServer::HandlePending(uint64_t token) {
   uint64_t bytes = h.arena_bytes == 0 ? options_.default_arena_bytes : h.arena_bytes;
   bytes = std::min(bytes, options_.max_arena_bytes);
 
-  const uint64_t id = next_id_++;
+  const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
   auto session = Session::Create(id, std::move(p->socket), *cred, slots, bytes);
   if (!session.ok()) {
     RejectHandshake(*p, h.header.request_id, GL_E_NO_MEMORY,
@@ -326,13 +415,15 @@ void SessionServer::HandlePending(uint64_t token) {
   auto live = std::make_unique<Live>();
   live->session = std::move(*session);
   if (absl::Status s = live->session->SendHelloReply(h.header.request_id); !s.ok()) return;
-  Session& sess = *live->session;
   live->pidfd.Reset(PidfdOpen(cred->pid));
-  Watch(sess.socket_fd(), Token(kSocket, id), EPOLLIN | EPOLLRDHUP);
-  Watch(sess.sq_doorbell_fd(), Token(kDoorbell, id), EPOLLIN);
-  if (live->pidfd.valid()) Watch(live->pidfd.get(), Token(kPidfd, id), EPOLLIN);
-  sessions_.push_back(std::move(live));
-  ++totals_.sessions_accepted;
+  live_sessions_.fetch_add(1, std::memory_order_relaxed);
+  sessions_accepted_.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(handoff_mu_);
+    handoff_.push_back(std::move(live));
+  }
+  const uint64_t one = 1;
+  (void)!::write(handoff_fd_.get(), &one, sizeof(one));
 }
 
 void SessionServer::HandleSessionSocket(uint64_t session_id, uint32_t events) {
@@ -389,33 +480,36 @@ void SessionServer::CloseSession(uint64_t session_id, gl_status reason, const st
     totals_.bad_descriptors += c.bad_descriptors[k];
   }
   ++totals_.sessions_closed;
+  live_sessions_.fetch_sub(1, std::memory_order_relaxed);
   live.reset();
   Publish();
 }
 
-void SessionServer::Wait(int timeout_ms) {
-  bool armed_all = true;
-  size_t armed = 0;
+bool SessionServer::ArmForSleep(int* timeout_ms) {
   for (auto& l : sessions_) {
     Session& s = *l->session;
     if (s.completion_stalled()) {
       // The client frees completion slots without a doorbell towards us: re-poll soon.
-      timeout_ms = timeout_ms < 0 || timeout_ms > 1 ? 1 : timeout_ms;
+      *timeout_ms = *timeout_ms < 0 || *timeout_ms > 1 ? 1 : *timeout_ms;
       continue;
     }
-    if (!s.ArmSubmissionDoorbell()) {
-      armed_all = false;
-      break;
-    }
-    ++armed;
+    if (!s.ArmSubmissionDoorbell()) return false;  // a submission is already waiting
   }
-  if (armed_all) {
-    epoll_event events[1];
-    const int n = ::epoll_wait(epoll_.get(), events, 1, timeout_ms);
-    if (n != 0) control_pending_ = true;
-  }
+  return true;
+}
+
+void SessionServer::DisarmAfterSleep(bool woke) {
+  if (woke) control_pending_ = true;
   for (size_t i = 0; i < sessions_.size(); ++i) sessions_[i]->session->DisarmSubmissionDoorbell();
-  (void)armed;
+}
+
+void SessionServer::Wait(int timeout_ms) {
+  bool woke = false;
+  if (ArmForSleep(&timeout_ms)) {
+    epoll_event events[1];
+    woke = ::epoll_wait(epoll_.get(), events, 1, timeout_ms) != 0;
+  }
+  DisarmAfterSleep(woke);
 }
 
 void SessionServer::Run(const std::atomic<bool>& stop, int idle_ms) {
@@ -446,7 +540,6 @@ void SessionServer::Publish() {
   for (int i = 0; i < 10; ++i) published_[i].store(scalars[i], std::memory_order_relaxed);
   for (int k = 0; k < GL_STATUS_COUNT; ++k) {
     published_bad_[k].store(t.bad_by_status[k], std::memory_order_relaxed);
-    published_rejected_[k].store(t.rejected_by_status[k], std::memory_order_relaxed);
   }
   tensors_published_.store(t.tensors_registered, std::memory_order_release);
 }
@@ -461,8 +554,12 @@ SessionServerStats SessionServer::Stats() const {
   for (int i = 0; i < 10; ++i) *scalars[i] = published_[i].load(std::memory_order_relaxed);
   for (int k = 0; k < GL_STATUS_COUNT; ++k) {
     t.bad_by_status[k] = published_bad_[k].load(std::memory_order_relaxed);
-    t.rejected_by_status[k] = published_rejected_[k].load(std::memory_order_relaxed);
+    t.rejected_by_status[k] = rejected_by_status_[k].load(std::memory_order_relaxed);
   }
+  // The acceptor thread's counts are live, not published: a handshake refused while the
+  // engine is idle shows up at once.
+  t.sessions_accepted = sessions_accepted_.load(std::memory_order_relaxed);
+  t.handshakes_rejected = handshakes_rejected_.load(std::memory_order_relaxed);
   return t;
 }
 

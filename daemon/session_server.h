@@ -5,6 +5,11 @@
 // Guarantees:
 // - Thread rules: PollOnce(), Wait() and every accessor of sessions are for the one engine
 //   thread that owns the server (`_st`). Stats() may be called from any thread.
+// - Control work off the engine thread: the server runs its own acceptor thread for accepting,
+//   hello validation, SO_PEERCRED checks and session creation (memfd arena, ring setup — the
+//   part that costs milliseconds for a large arena). A ready session is handed to the engine
+//   thread through a locked queue and an eventfd, so a client connecting never stalls the data
+//   path; the engine thread adopts it on its next control round.
 // - Handshake: the first message must be a gl_hello of the right size, magic and ABI version,
 //   from a peer whose SO_PEERCRED uid/gid the AccessPolicy allows; otherwise the client gets a
 //   gl_hello_reply with GL_E_BAD_MAGIC / GL_E_BAD_VERSION / GL_E_PERMISSION / GL_E_PROTOCOL and
@@ -26,7 +31,9 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -98,6 +105,14 @@ class SessionServer {
   // (arming each session's doorbell per the protocol in shm/doorbell.h). Returns at once if a
   // submission is already waiting.
   void Wait(int timeout_ms);
+  // Wait() in two halves, for a caller that sleeps on several fds at once (the engine: client
+  // events and peer sockets): ArmForSleep arms every doorbell and returns false when a
+  // submission is already waiting (do not sleep); it may shorten *timeout_ms. Sleep on
+  // wait_fd() (readable when a control event or a doorbell is pending), then DisarmAfterSleep
+  // with whether it fired. Always pair the two.
+  bool ArmForSleep(int* timeout_ms);
+  void DisarmAfterSleep(bool woke);
+  int wait_fd() const { return epoll_.get(); }
 
   // Convenience loop for tests and tools: PollOnce + Wait(idle_ms) until `stop` is set.
   void Run(const std::atomic<bool>& stop, int idle_ms = 5);
@@ -117,8 +132,12 @@ class SessionServer {
   SessionServer(SessionServerOptions options, PostSink* sink, shm::UniqueFd listener,
                 shm::UniqueFd epoll);
   int PollControl(sched::TimeNs now);
+  void AdoptHandedOff();
+  // Acceptor thread.
+  void AcceptorLoop();
+  void AcceptorWatch(int fd, uint64_t token, uint32_t events);
   void AcceptAll(sched::TimeNs now);
-  void HandlePending(uint64_t token);
+  void HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf);
   void RejectHandshake(Pending& p, uint64_t request_id, gl_status status, const std::string& why);
   void HandleSessionSocket(uint64_t session_id, uint32_t events);
   void CloseSession(uint64_t session_id, gl_status reason, const std::string& why);
@@ -131,9 +150,22 @@ class SessionServer {
   std::unique_ptr<LoopbackSink> loopback_;
   shm::UniqueFd listener_;
   shm::UniqueFd epoll_;
-  std::vector<std::unique_ptr<Pending>> pending_;
   std::vector<std::unique_ptr<Live>> sessions_;
-  uint64_t next_id_ = 1;
+  std::atomic<uint64_t> next_id_{1};
+
+  // Acceptor thread: its epoll (listener, hello-pending sockets, stop), the connections owing
+  // a hello (its alone), and the hand-off of ready sessions to the engine thread.
+  std::thread acceptor_;
+  shm::UniqueFd acceptor_epoll_;
+  shm::UniqueFd stop_fd_;
+  std::vector<std::unique_ptr<Pending>> pending_;
+  std::mutex handoff_mu_;
+  std::vector<std::unique_ptr<Live>> handoff_;  // guarded by handoff_mu_
+  shm::UniqueFd handoff_fd_;                    // eventfd in epoll_: sessions wait in handoff_
+  std::atomic<uint32_t> live_sessions_{0};      // adopted + handed off (max_sessions)
+  std::atomic<uint64_t> sessions_accepted_{0};
+  std::atomic<uint64_t> handshakes_rejected_{0};
+  std::array<std::atomic<uint64_t>, GL_STATUS_COUNT> rejected_by_status_{};
   sched::TimeNs last_control_ = 0;
   bool control_pending_ = true;
   std::vector<uint8_t> rx_buf_;  // control messages (allocated once)
@@ -142,7 +174,6 @@ class SessionServer {
   SessionServerStats totals_;
   std::array<std::atomic<uint64_t>, 10> published_{};
   std::array<std::atomic<uint64_t>, GL_STATUS_COUNT> published_bad_{};
-  std::array<std::atomic<uint64_t>, GL_STATUS_COUNT> published_rejected_{};
   std::atomic<uint64_t> tensors_published_{0};
 };
 

@@ -78,11 +78,19 @@ struct TransportOptions {
   // Largest segment accepted from a peer, and accepted by PostSend_st (payload_bytes is 32-bit
   // on the wire).
   uint64_t max_segment_bytes = 256ull << 20;
-  // Preallocation: connections (inbound + outbound), sends queued or unacknowledged per peer
-  // (rounded up to a power of two; PostSend_st past it is ResourceExhausted), regions.
-  uint32_t max_connections = 64;
+  // Limits: connections (inbound + outbound; a job of W ranks needs 2(W-1) on each daemon, so
+  // the default serves e.g. 8 jobs of W = 64), sends queued or unacknowledged per peer (rounded
+  // up to a power of two; PostSend_st past it is ResourceExhausted: back-pressure), regions.
+  // A connection slot's send queue is allocated when the slot is first used, so an unused limit
+  // costs next to nothing.
+  uint32_t max_connections = 1024;
   uint32_t max_pending_sends_per_peer = 1024;
   uint32_t max_regions = 1024;
+  // Accepted connections that have not yet proved a job's token (hello pending) are capped
+  // separately: past the cap the oldest is closed to make room, so whoever reaches the port
+  // without a token holds at most this many slots, never starves authenticated peers of the
+  // rest, and cannot keep a real dialer out without outpacing its hello.
+  uint32_t max_unauthenticated = 32;
   // SO_SNDBUF / SO_RCVBUF for peer sockets; 0 keeps the kernel's autotuning.
   int socket_buffer_bytes = 0;
 };
@@ -236,6 +244,7 @@ struct TransportStats {
   uint64_t peer_resets = 0;       // reset or closed by the peer
   uint64_t peer_timeouts = 0;     // declared down for lack of progress
   uint64_t accepts_refused = 0;   // no free connection slot
+  uint64_t unauthenticated_evicted = 0;  // tokenless connections closed to make room
   PeerStats total;                // sum over all peers ever connected
   uint64_t malformed() const {
     uint64_t n = 0;

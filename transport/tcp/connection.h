@@ -67,6 +67,7 @@ class Connection {
 
   // Sizes the ring (pending_capacity rounded up to a power of two) and the control buffer.
   void Init(uint32_t pending_capacity);
+  bool Initialized() const { return !ring.empty(); }
   // Clears the per-connection state for a new use of the slot (keeps the storage).
   void ResetForUse();
 

@@ -43,6 +43,9 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(const Transpo
     return absl::InvalidArgumentError(
         absl::StrCat("max_connections must be in [1, ", kMaxConnections, "]"));
   }
+  if (options.max_unauthenticated == 0) {
+    return absl::InvalidArgumentError("max_unauthenticated must be at least 1");
+  }
   if (options.max_pending_sends_per_peer == 0 || options.max_pending_sends_per_peer > (1u << 20)) {
     return absl::InvalidArgumentError("max_pending_sends_per_peer must be in [1, 2^20]");
   }
@@ -71,7 +74,6 @@ absl::Status TcpTransport::Init() {
   dead_slots_.reserve(conns_.size());
   dirty_.reserve(conns_.size());
   for (uint32_t i = 0; i < conns_.size(); ++i) {
-    conns_[i].Init(options_.max_pending_sends_per_peer);
     conns_[i].generation.store(1, std::memory_order_relaxed);
     free_slots_.push_back(static_cast<uint32_t>(conns_.size() - 1 - i));  // pop_back gives slot 0 first
   }
@@ -632,6 +634,9 @@ void TcpTransport::AcceptAll(TimeNs now) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       return;  // EAGAIN, or out of descriptors: the backlog holds them for the next round
     }
+    // At the cap, the oldest tokenless connection makes room: whoever floods the port must
+    // outpace a real dialer's hello (one round trip) to keep it out, not merely hold slots.
+    EvictOldestUnauthenticatedIfFull();
     Connection* c = AllocSlot();
     if (c == nullptr) {
       counters_.accepts_refused.Add_st(1);
@@ -834,8 +839,22 @@ Connection* TcpTransport::AllocSlot() {
   const uint32_t idx = free_slots_.back();
   free_slots_.pop_back();
   Connection& c = conns_[idx];
+  if (!c.Initialized()) c.Init(options_.max_pending_sends_per_peer);  // first use of the slot
   c.ResetForUse();
   return &c;
+}
+
+void TcpTransport::EvictOldestUnauthenticatedIfFull() {
+  uint32_t n = 0;
+  Connection* oldest = nullptr;
+  for (Connection& c : conns_) {
+    if (c.state != ConnState::kAwaitHello) continue;
+    ++n;
+    if (oldest == nullptr || c.attempt_deadline < oldest->attempt_deadline) oldest = &c;
+  }
+  if (n < options_.max_unauthenticated || oldest == nullptr) return;
+  counters_.unauthenticated_evicted.Add_st(1);
+  Teardown(*oldest, absl::UnavailableError("evicted: no hello, and newer connections waiting"));
 }
 
 Connection* TcpTransport::Lookup(PeerHandle h) {
@@ -874,6 +893,7 @@ TransportStats TcpTransport::Stats() const {
   s.peer_resets = counters_.peer_resets.Get();
   s.peer_timeouts = counters_.peer_timeouts.Get();
   s.accepts_refused = counters_.accepts_refused.Get();
+  s.unauthenticated_evicted = counters_.unauthenticated_evicted.Get();
   s.total = counters_.total.Snapshot();
   return s;
 }

@@ -80,6 +80,9 @@ class TcpTransport final {
   // One step: flush queued output, handle socket events (waiting up to wait_ms for one when
   // nothing is ready; 0 = poll), run connect retries and timeouts. Returns events handled.
   int Progress_st(TimeNs now, int wait_ms);
+  // An owner sleeping on epoll_fd() must not when this is true: writes whose budget ran out
+  // wait for no event, only for the next Progress_st.
+  bool HasDeferredWork_st() const { return !dirty_.empty(); }
 
   // The epoll descriptor, for an engine that wants to sleep on it alongside other fds.
   int epoll_fd() const { return epoll_fd_; }
@@ -97,7 +100,7 @@ class TcpTransport final {
   struct Counters {
     std::array<StatCounter, kWireErrorCount> errors;
     StatCounter connect_attempts, connect_retries, peers_up, peers_down, peer_resets,
-        peer_timeouts, accepts_refused;
+        peer_timeouts, accepts_refused, unauthenticated_evicted;
     PeerCounters total;
   };
 
@@ -108,6 +111,9 @@ class TcpTransport final {
   PeerHandle HandleOf(const Connection& c) const;
   PeerInfo InfoOf(const Connection& c) const;
   Connection* AllocSlot();
+  // Before an accept: if max_unauthenticated connections still owe their hello, closes the
+  // one accepted first.
+  void EvictOldestUnauthenticatedIfFull();
   int FindJob(uint64_t job_id) const;
 
   void AcceptAll(TimeNs now);

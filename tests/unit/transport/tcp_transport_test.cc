@@ -695,5 +695,31 @@ TEST(TcpTransport, RemoveJobClosesItsPeers) {
   EXPECT_EQ(a.t->RemoveJob_st(kJob).code(), absl::StatusCode::kNotFound);
 }
 
+
+// Connections that never present a token are capped apart from the slot pool: past
+// max_unauthenticated the oldest is evicted, and an authenticated peer still gets in.
+TEST(TcpTransport, TokenlessConnectionsAreCappedAndDoNotStarveRealPeers) {
+  TransportOptions o = Opts();
+  o.max_unauthenticated = 3;
+  Node a(o), b(o);
+  ASSERT_TRUE(a.t && b.t);
+  const uint16_t port = *b.t->Listen_st();
+  std::vector<std::unique_ptr<RawPeer>> idle;
+  for (int i = 0; i < 8; ++i) {
+    idle.push_back(std::make_unique<RawPeer>(port));
+    ASSERT_TRUE(idle.back()->connected());  // the kernel completes the connect; we evict
+  }
+  ASSERT_TRUE(PumpUntil({b.t.get()}, [&] { return b.t->Stats().unauthenticated_evicted >= 5; }));
+  EXPECT_EQ(b.t->Stats().unauthenticated_evicted, 5u);
+  EXPECT_EQ(b.t->Stats().accepts_refused, 0u);
+  // The three pending hellos hold three slots; the real dial still has the rest.
+  ASSERT_TRUE(a.t->AddJob_st(Job(0)).ok());
+  ASSERT_TRUE(b.t->AddJob_st(Job(1)).ok());
+  auto h = a.t->Connect_st(Job(0), Addr(port), MonotonicNow());
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(PumpUntil({a.t.get(), b.t.get()},
+                        [&] { return a.h.up.size() == 1 && b.h.up.size() == 1; }));
+}
+
 }  // namespace
 }  // namespace gradlane::transport
