@@ -36,6 +36,29 @@ ABSL_FLAG(uint32_t, max_unauthenticated_peers, 32,
           "accepted peer connections that have not yet presented a job token");
 ABSL_FLAG(bool, autotune, false,
           "bytescheduler: tune the credit window online with Bayesian optimisation");
+ABSL_FLAG(std::string, transport, "tcp", "peer transport: tcp (kernel sockets) or dpdk (kernel bypass)");
+ABSL_FLAG(std::string, dpdk_eal_args, "",
+          "dpdk: verbatim EAL arguments (space-separated); overrides the other --dpdk_ EAL flags");
+ABSL_FLAG(std::string, dpdk_vdev, "",
+          "dpdk: virtual device, e.g. net_af_packet0,iface=eth0,qdisc_bypass=0,blocksz=16384,"
+          "framesz=16384,framecnt=512");
+ABSL_FLAG(std::string, dpdk_pci, "", "dpdk: PCI address of the NIC port to use");
+ABSL_FLAG(int32_t, dpdk_lcore, 0, "dpdk: EAL lcore (-l)");
+ABSL_FLAG(bool, dpdk_no_huge, true, "dpdk: run without hugepages (--no-huge)");
+ABSL_FLAG(uint32_t, dpdk_memory_mb, 512, "dpdk: EAL memory with --no-huge (-m)");
+ABSL_FLAG(std::string, dpdk_file_prefix, "", "dpdk: EAL file prefix (default gradlane-<pid>)");
+ABSL_FLAG(bool, dpdk_in_memory, false, "dpdk: --in-memory instead of a file prefix (needs hugepages)");
+ABSL_FLAG(std::string, dpdk_ip, "", "dpdk: our IPv4 address on the port (default: the --listen host)");
+ABSL_FLAG(uint32_t, dpdk_mtu, 0, "dpdk: port MTU to set, e.g. 9000 for jumbo frames (0: keep the port's)");
+ABSL_FLAG(std::string, dpdk_static_arp, "", "dpdk: static neighbours IP=MAC,... (others by ARP)");
+ABSL_FLAG(std::string, dpdk_zero_copy, "auto", "dpdk: transmit from the arena without a copy: auto, on, off");
+ABSL_FLAG(uint32_t, dpdk_window, 256, "dpdk: packets in flight per connection (and credit offered), 1..256");
+ABSL_FLAG(uint32_t, dpdk_drop_every, 0, "dpdk fault injection: drop every Nth datagram sent (0: off)");
+ABSL_FLAG(double, dpdk_drop_probability, 0, "dpdk fault injection: drop each datagram with this probability");
+ABSL_FLAG(double, dpdk_reorder_probability, 0, "dpdk fault injection: reorder with this probability");
+ABSL_FLAG(double, dpdk_duplicate_probability, 0, "dpdk fault injection: duplicate with this probability");
+ABSL_FLAG(uint64_t, dpdk_fault_seed, 1, "dpdk fault injection: random seed");
+
 
 namespace gradlane::daemon {
 namespace {
@@ -84,6 +107,55 @@ absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view
     return absl::InvalidArgumentError(absl::StrCat("'", s, "' is not HOST:PORT (port 0..65535)"));
   }
   return std::make_pair(std::string(host), static_cast<uint16_t>(p));
+}
+
+absl::StatusOr<TransportChoice> TransportFromFlags() {
+  TransportChoice t;
+  t.name = absl::GetFlag(FLAGS_transport);
+  if (t.name != "tcp" && t.name != "dpdk") {
+    return absl::InvalidArgumentError(absl::StrCat("--transport: '", t.name, "' (expected tcp or dpdk)"));
+  }
+  transport::dpdk::DpdkOptions& d = t.dpdk;
+  d.eal_args = absl::GetFlag(FLAGS_dpdk_eal_args);
+  d.vdev = absl::GetFlag(FLAGS_dpdk_vdev);
+  d.pci = absl::GetFlag(FLAGS_dpdk_pci);
+  d.lcore = absl::GetFlag(FLAGS_dpdk_lcore);
+  d.no_huge = absl::GetFlag(FLAGS_dpdk_no_huge);
+  d.memory_mb = absl::GetFlag(FLAGS_dpdk_memory_mb);
+  d.file_prefix = absl::GetFlag(FLAGS_dpdk_file_prefix);
+  d.in_memory = absl::GetFlag(FLAGS_dpdk_in_memory);
+  d.ip = absl::GetFlag(FLAGS_dpdk_ip);
+  d.static_arp = absl::GetFlag(FLAGS_dpdk_static_arp);
+  d.mtu = absl::GetFlag(FLAGS_dpdk_mtu);
+  d.zero_copy = absl::GetFlag(FLAGS_dpdk_zero_copy);
+  d.reliable.window_packets = absl::GetFlag(FLAGS_dpdk_window);
+  d.reliable.faults.drop_every = absl::GetFlag(FLAGS_dpdk_drop_every);
+  d.reliable.faults.drop_probability = absl::GetFlag(FLAGS_dpdk_drop_probability);
+  d.reliable.faults.reorder_probability = absl::GetFlag(FLAGS_dpdk_reorder_probability);
+  d.reliable.faults.duplicate_probability = absl::GetFlag(FLAGS_dpdk_duplicate_probability);
+  d.reliable.faults.seed = absl::GetFlag(FLAGS_dpdk_fault_seed);
+  if (t.name != "dpdk") return t;
+  if (d.lcore < 0) return absl::InvalidArgumentError("--dpdk_lcore must be >= 0");
+  if (d.reliable.window_packets == 0 || d.reliable.window_packets > transport::dpdk::kMaxWindow) {
+    return absl::InvalidArgumentError("--dpdk_window must be in [1, 256]");
+  }
+  if (d.zero_copy != "auto" && d.zero_copy != "on" && d.zero_copy != "off") {
+    return absl::InvalidArgumentError("--dpdk_zero_copy must be auto, on or off");
+  }
+  for (double p : {d.reliable.faults.drop_probability, d.reliable.faults.reorder_probability,
+                   d.reliable.faults.duplicate_probability}) {
+    if (!(p >= 0 && p < 1)) return absl::InvalidArgumentError("--dpdk_*_probability must be in [0, 1)");
+  }
+  if (d.reliable.faults.drop_every == 1) return absl::InvalidArgumentError("--dpdk_drop_every=1 drops everything");
+#ifdef GRADLANE_HAVE_DPDK
+  if (absl::Status s = transport::dpdk::ParseStaticArp(d.static_arp); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--dpdk_static_arp: ", s.message()));
+  }
+#endif
+  if (d.eal_args.empty() && d.vdev.empty() && d.pci.empty()) {
+    return absl::InvalidArgumentError("--transport=dpdk needs a port: --dpdk_vdev, --dpdk_pci or --dpdk_eal_args");
+  }
+  return t;
 }
 
 absl::StatusOr<EngineOptions> OptionsFromFlags() {

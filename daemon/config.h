@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/engine.h"
+#include "transport/dpdk/dpdk_transport.h"
 
 namespace gradlane::daemon {
 
@@ -34,6 +35,13 @@ absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view
 
 // Reads the gradlaned flags (after absl::ParseCommandLine) into engine options.
 absl::StatusOr<EngineOptions> OptionsFromFlags();
+
+// --transport=tcp|dpdk and, for dpdk, the --dpdk_* flags (EAL, port, address, faults).
+struct TransportChoice {
+  std::string name = "tcp";
+  transport::dpdk::DpdkOptions dpdk;
+};
+absl::StatusOr<TransportChoice> TransportFromFlags();
 
 }  // namespace gradlane::daemon
 

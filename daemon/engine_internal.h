@@ -11,6 +11,7 @@
 #include "sched/bo_tuner.h"
 #include "transport/fake/fake_transport.h"
 #include "transport/tcp/tcp_transport.h"
+#include "transport/dpdk/dpdk_transport.h"
 
 namespace gradlane::daemon {
 namespace engine_internal {
@@ -72,9 +73,16 @@ struct Engine<T>::Tuner {
 
 // The backends the engine is built for: each implementation file instantiates its members
 // for every one of them.
+#ifdef GRADLANE_HAVE_DPDK
+#define GRADLANE_ENGINE_FOR_EACH_TRANSPORT(X) \
+  X(transport::tcp::TcpTransport)              \
+  X(transport::fake::FakeTransport)            \
+  X(transport::dpdk::DpdkTransport)
+#else
 #define GRADLANE_ENGINE_FOR_EACH_TRANSPORT(X) \
   X(transport::tcp::TcpTransport)              \
   X(transport::fake::FakeTransport)
+#endif
 
 }  // namespace gradlane::daemon
 

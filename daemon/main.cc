@@ -23,6 +23,8 @@
 #include "daemon/config.h"
 #include "daemon/engine.h"
 #include "transport/tcp/tcp_transport.h"
+#include "transport/dpdk/dpdk_transport.h"
+#include <type_traits>
 
 namespace {
 
@@ -82,31 +84,53 @@ int main(int argc, char** argv) {
   if (!options.ok()) Die(std::string(options.status().message()));
   MakeParentDirs(options->sessions.socket_path);
 
-  auto engine = Engine::Create(
+  auto transport = gradlane::daemon::TransportFromFlags();
+  if (!transport.ok()) Die(std::string(transport.status().message()));
+  if (transport->name == "dpdk" && !transport->dpdk.ip.empty()) {
+    options->transport.listen_address = transport->dpdk.ip;
+  }
+  auto serve = [&](auto engine) -> int {
+    using EngineT = typename std::remove_reference_t<decltype(**engine)>;
+    if (!engine.ok()) Die(std::string(engine.status().message()));
+
+    std::string host = options->transport.listen_address;
+    if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
+    std::printf("gradlaned ready socket=%s listen=%s:%u\n", (*engine)->socket_path().c_str(),
+                host.c_str(), static_cast<unsigned>((*engine)->listen_port()));
+    std::fflush(stdout);
+    Notify("READY=1");
+
+    std::atomic<bool> stop{false};
+    EngineT* e = engine->get();
+    std::thread engine_thread([e, &stop] { e->Run(stop); });
+
+    int sig = 0;
+    while (sigwait(&set, &sig) != 0) {
+    }
+    Notify("STOPPING=1");
+    gradlane::daemon::LogLine(absl::StrCat("signal ", sig, ": shutting down"));
+    stop.store(true, std::memory_order_release);
+    engine_thread.join();  // Run() ends with Shutdown_st: posts failed, sessions closed, unmapped
+    engine->reset();
+    return 0;
+  };
+  if (transport->name == "dpdk") {
+#ifdef GRADLANE_HAVE_DPDK
+    const gradlane::transport::dpdk::DpdkOptions dpdk = transport->dpdk;
+    return serve(gradlane::daemon::Engine<gradlane::transport::dpdk::DpdkTransport>::Create(
+        *options, [&dpdk](const gradlane::transport::TransportOptions& o,
+                          gradlane::transport::TransportHandler* h) {
+          auto t = gradlane::transport::dpdk::DpdkTransport::Create(o, dpdk, h);
+          if (t.ok()) gradlane::daemon::LogLine((*t)->Describe());
+          return t;
+        }));
+#else
+    Die("--transport=dpdk: this gradlaned was built without DPDK");
+#endif
+  }
+  return serve(Engine::Create(
       *options, [](const gradlane::transport::TransportOptions& o,
                    gradlane::transport::TransportHandler* h) {
         return gradlane::transport::tcp::TcpTransport::Create(o, h);
-      });
-  if (!engine.ok()) Die(std::string(engine.status().message()));
-
-  std::string host = options->transport.listen_address;
-  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
-  std::printf("gradlaned ready socket=%s listen=%s:%u\n", (*engine)->socket_path().c_str(),
-              host.c_str(), static_cast<unsigned>((*engine)->listen_port()));
-  std::fflush(stdout);
-  Notify("READY=1");
-
-  std::atomic<bool> stop{false};
-  Engine* e = engine->get();
-  std::thread engine_thread([e, &stop] { e->Run(stop); });
-
-  int sig = 0;
-  while (sigwait(&set, &sig) != 0) {
-  }
-  Notify("STOPPING=1");
-  gradlane::daemon::LogLine(absl::StrCat("signal ", sig, ": shutting down"));
-  stop.store(true, std::memory_order_release);
-  engine_thread.join();  // Run() ends with Shutdown_st: posts failed, sessions closed, unmapped
-  engine->reset();
-  return 0;
+      }));
 }

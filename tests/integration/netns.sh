@@ -17,6 +17,7 @@
 #   gl_shape RATE                 (re)shape every link ("": unshaped)
 #   gl_daemon_start I [FLAGS...]  start gradlaned on host I; waits for its ready line; sets
 #                                 GL_SOCK[I], GL_ADDR[I] (host:port), GL_DPID[I]
+#                                 (GL_TRANSPORT=dpdk: over DPDK net_af_packet, gl_dpdk_flags)
 #   gl_daemon_stop I [SIGNAL]     signal (default TERM) and reap, bounded
 #   gl_peers                      "addr0,addr1,..." of the running daemons
 #   gl_bg I NAME CMD...           run CMD in host I in the background, output in
@@ -148,6 +149,10 @@ gl_env_init() {
     gl_log "$GL_W hosts in network namespaces ${GL_NS[*]} (switch $GL_SWITCH, mtu $GL_MTU${GL_RATE:+, tbf $GL_RATE each way})"
   else
     GL_MODE=loopback
+    if [[ ${GL_TRANSPORT:-tcp} == dpdk ]]; then
+      gl_log "SKIP: the DPDK transport tests need network namespaces (root / CAP_NET_ADMIN) for net_af_packet on veth"
+      exit 77
+    fi
     if ((need)); then
       gl_log "SKIP: cannot create network namespaces (need root / CAP_NET_ADMIN)${GL_FORCE_LOOPBACK:+ (GL_FORCE_LOOPBACK set)}"
       exit 77
@@ -254,7 +259,9 @@ gl_daemon_start() {
   [[ -f $GL_TMP/$name.out ]] && mv "$GL_TMP/$name.out" "$GL_TMP/$name.prev.out" \
     && mv "$GL_TMP/$name.err" "$GL_TMP/$name.prev.err"
   rm -f "$sock"
-  gl_bg "$i" "$name" "$GL_DAEMON" --socket="$sock" --listen="${GL_IP[i]}:0" "$@"
+  local transport=()
+  [[ ${GL_TRANSPORT:-tcp} == dpdk ]] && transport=($(gl_dpdk_flags "$i"))
+  gl_bg "$i" "$name" "$GL_DAEMON" --socket="$sock" --listen="${GL_IP[i]}:0" "$@" "${transport[@]}"
   pid=${GL_PID[$name]}
   unset "GL_PID[$name]"
   GL_DPID[i]=$pid
@@ -274,6 +281,17 @@ gl_daemon_start() {
     gl_log "host $i: ready line '$line' does not match --socket=$sock --listen=${GL_IP[i]}:0"
     return 1
   fi
+}
+
+# With GL_TRANSPORT=dpdk: the daemon drives host I's eth0 through DPDK's net_af_packet (tx
+# through the qdisc, so tbf applies: qdisc_bypass=0) at an address the kernel does not own
+# (.101, .102, ...), so the kernel drops our UDP instead of answering it; we answer ARP for it.
+# GL_DPDK_FLAGS adds flags (e.g. fault injection) to every daemon.
+gl_dpdk_flags() {
+  local i=$1
+  echo "--transport=dpdk --listen=$GL_SUBNET.$((i + 101)):7610 --dpdk_memory_mb=256 --dpdk_mtu=$GL_MTU" \
+    "--dpdk_vdev=net_af_packet$i,iface=eth0,qdisc_bypass=0,blocksz=16384,framesz=16384,framecnt=512" \
+    "--dpdk_file_prefix=gl$i-$GL_UNIQ --dpdk_lcore=$((i % $(nproc))) ${GL_DPDK_FLAGS:-}"
 }
 
 # gl_daemon_stop I [SIGNAL] : returns the daemon's exit status (124 if it had to be killed).
