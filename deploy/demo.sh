@@ -5,6 +5,8 @@
 # per host, and per host a gradlane-replay that emulates training of resnet50 (compute emulated
 # by sleeping, gradients through the real daemons): first with fifo, then with prophet. Prints
 # the iteration times side by side with the simulator's prediction for the same setting.
+# The harness is tests/bench/run-replay (docs/benchmarks.md); this script only builds and
+# formats its output.
 #   deploy/demo.sh                          resnet50 at 3gbit
 #   DEMO_PROFILE=tests/data/models/resnet50-stepwise.json DEMO_RATE=5gbit deploy/demo.sh
 #   DEMO_POLICIES="fifo p3 bytescheduler prophet" DEMO_ITERATIONS=10 deploy/demo.sh
@@ -15,81 +17,59 @@ if [[ ! -f build/build.ninja ]]; then meson setup build >/dev/null; fi
 
 profile=${DEMO_PROFILE:-tests/data/models/resnet50.json}
 rate=${DEMO_RATE:-3gbit}
-policies=(${DEMO_POLICIES:-fifo prophet})
+read -r -a policies <<<"${DEMO_POLICIES:-fifo prophet}"
 iterations=${DEMO_ITERATIONS:-8}
 warmup=${DEMO_WARMUP:-2}
-W=3
 bdir=${DEMO_BUILD:-build}  # the build dir (the one built above unless DEMO_BUILD says otherwise)
-sim=$bdir/sched/gradlane-sim
-daemon=$bdir/daemon/gradlaned
-replay=$bdir/tests/bench/gradlane-replay
 
 ninja -C "$bdir" -j"$(nproc)" sched/gradlane-sim daemon/gradlaned tests/bench/gradlane-replay
 
-source tests/integration/netns.sh
-GL_DAEMON=$daemon
-GL_READY_TIMEOUT=20
-gl_env_init "$W" "$rate"
-shaped=$rate
-[[ $GL_MODE == loopback ]] && shaped="unshaped loopback"
-for ((i = 0; i < W; i++)); do gl_daemon_start "$i" --peer_timeout=10s --reduce=mean; done
-peers=$(gl_peers)
-echo "demo: $W hosts ($GL_MODE, $shaped), daemons at $peers"
-echo "demo: replaying $profile: $iterations iterations after $warmup warm-up, per policy"
+out=$(mktemp -d /tmp/gradlane-demo.XXXXXX)
+trap 'rm -rf "$out"' EXIT
+echo "demo: 3 hosts, $rate each way; replaying $profile: $iterations iterations after $warmup warm-up, per policy (${policies[*]})"
+rc=0
+tests/bench/run-replay --profile "$profile" --bandwidth "$rate" --workers 3 \
+  --policies "$(IFS=,; echo "${policies[*]}")" --iterations "$iterations" --warmup "$warmup" \
+  --build "$bdir" --csv "$out/demo.csv" --per-iteration "$out/iterations.csv" --quiet || rc=$?
+if [[ ! -s $out/demo.csv ]] || ((rc != 0 && rc != 1)); then
+  echo "demo: the replay failed (exit $rc)" >&2
+  exit 1
+fi
 
-for policy in "${policies[@]}"; do
-  for ((r = 0; r < W; r++)); do
-    gl_bg "$r" "replay-$policy.r$r" "$replay" --profile="$profile" --socket="${GL_SOCK[r]}" \
-      --job="demo-$policy" --rank="$r" --world="$W" --peers="$peers" --policy="$policy" \
-      --token="demo" --iterations="$iterations" --warmup="$warmup" \
-      --csv="$GL_TMP/$policy.r$r.csv" --quiet
-  done
-  for ((r = 0; r < W; r++)); do
-    rc=0
-    gl_wait "replay-$policy.r$r" 300 || rc=$?
-    if ((rc != 0)); then
-      gl_show "replay-$policy.r$r"
-      echo "demo: replay rank $r with $policy failed (exit $rc)" >&2
-      exit 1
-    fi
-  done
-  echo "  $policy: $(tail -n 1 "$GL_TMP/replay-$policy.r0.out" | sed 's/^gradlane-replay: //')"
-done
-
-# Iteration times of rank 0 (every rank sees the same ones up to scheduling noise), side by side.
+# Iteration times (every rank lined up as the simulator does), one column per policy.
 echo
 printf "%-10s" "iteration"
-for policy in "${policies[@]}"; do printf "%14s" "$policy (ms)"; done
+for p in "${policies[@]}"; do printf "%16s" "$p (ms)"; done
 echo
 for ((k = warmup; k < warmup + iterations; k++)); do
   printf "%-10s" "$k"
-  for policy in "${policies[@]}"; do
-    printf "%14s" "$(awk -F, -v k="$k" '$1 == k { print $2 }' "$GL_TMP/$policy.r0.csv")"
+  for p in "${policies[@]}"; do
+    printf "%16s" "$(awk -F, -v p="$p" -v k="$k" '$2 == p && $3 == k { printf "%.1f", $4 }' "$out/iterations.csv")"
   done
   echo
 done
-printf "%-10s" "mean"
-declare -A mean
-for policy in "${policies[@]}"; do
-  mean[$policy]=$(awk -F, 'NR > 1 && $4 == 0 { s += $2; n++ } END { printf "%.1f", s / n }' \
-    "$GL_TMP/$policy.r0.csv")
-  printf "%14s" "${mean[$policy]}"
+col() {  # col POLICY COLUMN [FORMAT]
+  awk -F, -v p="$1" -v c="$2" -v f="${3:-%.1f}" 'NR == 1 { for (i = 1; i <= NF; i++) n[$i] = i; next }
+    $1 == p && $n[c] != "" { printf f, $n[c] }' "$out/demo.csv"
+}
+for row in "mean:iteration_ms" "simulated:sim_iteration_ms"; do
+  printf "%-10s" "${row%%:*}"
+  for p in "${policies[@]}"; do printf "%16s" "$(col "$p" "${row#*:}")"; done
+  echo
 done
-echo
-printf "%-10s" "simulated"
-simcsv=$("$sim" --profile "$profile" --bandwidth "$rate" --workers "$W" \
-  --policy "$(IFS=,; echo "${policies[*]}")" --format csv 2>/dev/null || true)
-for policy in "${policies[@]}"; do
-  printf "%14s" "$(awk -F, -v p="$policy" '$1 == p { printf "%.1f", $2 }' <<<"$simcsv")"
-done
-echo
-ideal=$(awk -F, '$1 == "ideal" { printf "%.1f", $2 }' <<<"$simcsv")
 base=${policies[0]}
-for policy in "${policies[@]:1}"; do
-  awk -v a="${mean[$base]}" -v b="${mean[$policy]}" -v p="$policy" -v q="$base" \
-    'BEGIN { printf "speedup of %s over %s: %.3fx (measured)\n", p, q, a / b }'
+for p in "${policies[@]:1}"; do
+  awk -F, -v p="$p" -v q="$base" 'NR == 1 { for (i = 1; i <= NF; i++) n[$i] = i; next }
+    { t[$1] = $n["iteration_ms"]; s[$1] = $n["sim_iteration_ms"] }
+    END { if (t[p] > 0) printf "speedup of %s over %s: %.3fx measured, %.3fx simulated\n", p, q, t[q] / t[p], s[q] / s[p] }' "$out/demo.csv"
 done
+network=$(col "$base" network %s)
+ideal=$(col "$base" ideal_ms)
+wire=$(col "$base" wire_gbit %.2f)
 echo "simulator's ideal bound (lower bound on any schedule, docs/simulator.md) at $rate: ${ideal:-?} ms;" \
-  "compute alone: $(grep -o 'compute alone [0-9.]* ms' "$GL_TMP/replay-$base.r0.out" | head -1 | cut -d' ' -f3) ms"
-[[ $GL_MODE == loopback ]] && echo "note: loopback is not shaped, so times are not comparable with the simulation at $rate"
-for ((i = 0; i < W; i++)); do gl_daemon_stop "$i" || true; done
+  "compute alone: $(col "$base" compute_ms) ms"
+[[ -n $wire ]] && echo "the emulated network delivered $wire Gbit/s per port to iperf3 (all hosts to all) just before" \
+  "(this machine's CPU is shared by every emulated host)"
+[[ $network == loopback ]] && echo "note: loopback is not shaped, so times are not comparable with the simulation at $rate"
+echo "(all policies and columns: tests/bench/run-replay --help; the default set: tests/bench/replay-default-set.sh)"
+exit "$rc"

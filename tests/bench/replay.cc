@@ -19,7 +19,9 @@
 // closes the measurement. The first --warmup iterations are run but not counted.
 //
 // Output: one line per iteration, then "gradlane-replay: mean X ms ..." (stdout); --csv FILE
-// writes iteration,time_ms,stall_ms,warmup. Exit 0 on success, 1 on any error completion,
+// writes iteration,time_ms,stall_ms,warmup,start_ns (start_ns: CLOCK_MONOTONIC at the start of
+// the iteration's forward pass — one clock for every process on the machine, network namespaces
+// included, so a harness can line the ranks up as the simulator does). Exit 0 on success, 1 on any error completion,
 // timeout or daemon failure (message on stderr), 2 on bad flags or a bad profile.
 #include <sys/prctl.h>
 #include <time.h>
@@ -297,7 +299,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "error: cannot write %s\n", f.Str("csv").c_str());
       return 1;
     }
-    std::fprintf(csv, "iteration,time_ms,stall_ms,warmup\n");
+    std::fprintf(csv, "iteration,time_ms,stall_ms,warmup,start_ns\n");
   }
   double sum = 0, mn = 1e300, mx = 0;
   for (int64_t k = 0; k < total_iters; ++k) {
@@ -313,7 +315,10 @@ int main(int argc, char** argv) {
       std::printf("iteration %" PRId64 "%s: %.2f ms (waiting for results %.2f ms)\n", k,
                   wu ? " (warm-up)" : "", ms, st);
     }
-    if (csv) std::fprintf(csv, "%" PRId64 ",%.3f,%.3f,%d\n", k, ms, st, wu ? 1 : 0);
+    if (csv) {
+      std::fprintf(csv, "%" PRId64 ",%.3f,%.3f,%d,%" PRId64 "\n", k, ms, st, wu ? 1 : 0,
+                   fwd_start[k]);
+    }
   }
   if (csv) std::fclose(csv);
   std::printf("gradlane-replay: model=%s policy=%s rank=%u mean %.2f ms over %" PRId64

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# tests/bench/replay-default-set.sh — the replay benchmark's default set (issue #6, BRIEF §5.1):
+# resnet50 and vgg16 at 1, 3 and 10 Gbit/s, W = 3, every policy, through real daemons
+# (tests/bench/run-replay), plus each model once unshaped (the daemons' own ceiling, for the
+# analysis in docs/benchmarks.md). Writes into DIR:
+#   resnet50.csv, vgg16.csv   run-replay's CSV per model (3 bandwidths + unshaped x 4 policies)
+#   *-iterations.csv          every iteration's time per bandwidth and policy
+#   default-set.csv           both, one header
+#   default-set.png           measured / ideal per policy and bandwidth, simulator ticks
+#   default-set.txt           the tables as printed, the command, the wall time
+#
+#   tests/bench/replay-default-set.sh --out DIR [--build DIR] [--iterations N] [--warmup N]
+#                                     [--no-unshaped] [--transport tcp|dpdk]
+# (default iterations: resnet50 2 warm-up + 6 measured, vgg16 2 + 3; --iterations/--warmup set
+# both models)
+# Needs root (network namespaces; without them run-replay falls back to unshaped loopback and
+# says so). About 9 minutes on the 2-core development VM (docs/benchmarks.md).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+
+main() {
+  # Iterations per model: vgg16's are 6 s long at 1 Gbit/s, so it gets fewer to stay within the
+  # 15 minutes; two warm-ups each (iteration 0 waits for nothing, so iteration 1 carries its
+  # traffic too and is longer than the steady state).
+  local out="" bdir=$root/build unshaped=1 transport=tcp
+  local -A iterations=([resnet50]=6 [vgg16]=3) warmup=([resnet50]=2 [vgg16]=2)
+  while (($#)); do
+    case $1 in
+      --out) out=${2:?--out needs a directory}; shift 2 ;;
+      --build) bdir=${2:?--build needs a directory}; shift 2 ;;
+      --iterations) iterations=([resnet50]=${2:?} [vgg16]=$2); shift 2 ;;
+      --warmup) warmup=([resnet50]=${2:?} [vgg16]=$2); shift 2 ;;
+      --transport) transport=${2:?}; shift 2 ;;
+      --no-unshaped) unshaped=0; shift ;;
+      -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; return 0 ;;
+      *) echo "replay-default-set: error: unknown option '$1' (see --help)" >&2; return 2 ;;
+    esac
+  done
+  [[ -n $out ]] || { echo "replay-default-set: error: --out DIR is required" >&2; return 2; }
+  mkdir -p "$out"
+  local bws=1gbit,3gbit,10gbit
+  ((unshaped)) && bws+=,unshaped
+  local t0=$SECONDS rc=0 model
+  {
+    echo "# tests/bench/replay-default-set.sh --out $out --build $bdir --transport $transport$( ((unshaped)) || echo ' --no-unshaped')" \
+      "(iterations: resnet50 ${warmup[resnet50]}+${iterations[resnet50]}, vgg16 ${warmup[vgg16]}+${iterations[vgg16]})"
+    echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(git -C "$root" log -1 --format='commit %h %s' 2>/dev/null | cut -c1-100)"
+  } >"$out/default-set.txt"
+  for model in resnet50 vgg16; do
+    "$root/tests/bench/run-replay" --profile "$root/tests/data/models/$model.json" \
+      --bandwidth "$bws" --workers 3 --policies all --transport "$transport" \
+      --iterations "${iterations[$model]}" --warmup "${warmup[$model]}" --build "$bdir" \
+      --csv "$out/$model.csv" --per-iteration "$out/$model-iterations.csv" \
+      2>&1 | tee -a "$out/default-set.txt" || rc=1
+  done
+  # Combined CSV: one header.
+  awk 'FNR > 1 || NR == 1' "$out/resnet50.csv" "$out/vgg16.csv" >"$out/default-set.csv"
+  local wall=$((SECONDS - t0))
+  echo "replay-default-set: wall time ${wall} s ($((wall / 60)) min $((wall % 60)) s)" | tee -a "$out/default-set.txt"
+
+  # The plot wants Debian's matplotlib, which a python3 earlier in PATH (pyenv, venv) may lack.
+  local py
+  for py in python3 /usr/bin/python3; do
+    if command -v "$py" >/dev/null && "$py" -c 'import matplotlib' 2>/dev/null; then
+      "$py" "$root/tests/bench/replay_plot.py" "$out/default-set.csv" "$out/default-set.png" &&
+        echo "replay-default-set: wrote $out/default-set.png"
+      break
+    fi
+    py=""
+  done
+  [[ -n $py ]] || echo "replay-default-set: no plot: python3-matplotlib is not installed (deploy/install-deps.sh installs it)" >&2
+  echo "replay-default-set: wrote $out/resnet50.csv $out/vgg16.csv $out/default-set.csv $out/default-set.txt"
+  return "$rc"
+}
+
+main "$@"
