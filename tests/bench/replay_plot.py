@@ -5,12 +5,14 @@
 
 One panel per model; per bandwidth a group of bars, one per policy: the measured iteration time
 over the ideal bound (run-replay's ratio_to_ideal), with the simulator's prediction for the same
-policy as a black tick on the bar, and the 1.10x target as a dashed line. Rows without a
+policy as a black tick on the bar (dotted: the simulator at the rate iperf3 measured between
+the same namespaces, where calibrated), and the 1.10x target as a dashed line. Rows without a
 simulator (unshaped runs) are left out. Needs matplotlib (Debian: python3-matplotlib).
 """
 import argparse
 import csv
 import sys
+import textwrap
 
 POLICY_ORDER = ["fifo", "p3", "bytescheduler", "prophet"]
 COLORS = {"fifo": "#8c8c8c", "p3": "#e6a23c", "bytescheduler": "#4c72b0", "prophet": "#55a868"}
@@ -46,11 +48,12 @@ def main():
     policies = [p for p in POLICY_ORDER if any(r["policy"] == p for r in rows)]
     policies += sorted({r["policy"] for r in rows} - set(policies))
 
-    fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.6), squeeze=False,
-                             sharey=True)
-    ymax = max(max(float(r["ratio_to_ideal"]),
-                   float(r["sim_iteration_ms"]) / float(r["ideal_ms"]) if r["sim_iteration_ms"] else 0)
-               for r in rows)
+    fig, axes = plt.subplots(1, len(models), figsize=(max(7.5, 5.6 * len(models)), 5.0),
+                             squeeze=False, sharey=True)
+    def ratio(r, col):
+        return float(r[col]) / float(r["ideal_ms"]) if r.get(col) else 0.0
+    ymax = max(max(float(r["ratio_to_ideal"]), ratio(r, "sim_iteration_ms"),
+                   ratio(r, "sim_at_wire_ms")) for r in rows)
     width = 0.8 / len(policies)
     for ax, model in zip(axes[0], models):
         mrows = [r for r in rows if r["model"] == model]
@@ -72,6 +75,11 @@ def main():
                     ax.plot([x - width * 0.46, x + width * 0.46], [sim, sim], color="black",
                             linewidth=2, zorder=4,
                             label="simulator" if bi == 0 and pi == 0 else None)
+                if r.get("sim_at_wire_ms"):
+                    sw = float(r["sim_at_wire_ms"]) / float(r["ideal_ms"])
+                    ax.plot([x - width * 0.46, x + width * 0.46], [sw, sw], color="black",
+                            linewidth=1.2, linestyle=":", zorder=4,
+                            label="simulator at iperf3's rate" if bi == 0 and pi == 0 else None)
         ax.axhline(1.0, color="black", linewidth=0.8, zorder=1)
         ax.axhline(1.10, color="#c44e52", linewidth=1, linestyle="--", zorder=1,
                    label="1.10x target")
@@ -87,12 +95,15 @@ def main():
         ax.set_ylim(0.8, ymax * 1.12)
     axes[0][0].set_ylabel("iteration time / ideal bound (lower is better)")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8,
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 4), fontsize=8,
                frameon=False, bbox_to_anchor=(0.5, 0.995))
-    fig.text(0.5, 0.005, a.title or "bars: measured through gradlaned (numbers: ms); "
-             "black ticks: gradlane-sim's prediction for the same policy",
-             ha="center", va="bottom", fontsize=7.5)
-    fig.tight_layout(rect=(0, 0.03, 1, 0.94))
+    note = a.title or ("bars: measured through gradlaned, iteration time over gradlane-sim's "
+                       "ideal bound (numbers: ms); solid ticks: the simulator's prediction for "
+                       "the policy; dotted: the simulator at the rate iperf3 got between the "
+                       "same namespaces just before")
+    fig.text(0.5, 0.005, "\n".join(textwrap.wrap(note, int(fig.get_figwidth() * 15))), ha="center", va="bottom",
+             fontsize=7.5)
+    fig.tight_layout(rect=(0, 0.05, 1, 0.90))
     fig.savefig(a.png, dpi=130)
     return 0
 

@@ -21,7 +21,7 @@ import sys
 COLUMNS = [
     "policy", "iteration_ms", "speedup_vs_fifo", "ratio_to_ideal", "sim_iteration_ms",
     "ideal_ms", "vs_sim", "wire_gbit", "sim_at_wire_ms", "ideal_at_wire_ms", "p10_ms", "p90_ms", "stall_ms", "client_ms", "compute_ms", "rho",
-    "link_mb", "sim_link_mb", "link_util_pct", "retrans", "rto", "drops", "daemon_cpu_pct", "host_busy_pct",
+    "link_mb", "sim_link_mb", "link_util_pct", "sendq_kb", "sendq_ms", "recvq_kb", "retrans", "rto", "drops", "daemon_cpu_pct", "host_busy_pct",
     "host_kernel_pct", "loadavg",
     "bandwidth_gbit", "bandwidth", "tbf_burst_ms", "workers", "model", "transport", "network", "nice",
     "iterations", "warmup", "status",
@@ -124,6 +124,28 @@ def measure(run_dir, workers, iterations, warmup, bps, clk_tck, compute_ms):
         out["rto"] = sum(delta("tcp.%d.TCPTimeouts" % i) or 0 for i in range(workers))
         out["drops"] = sum(delta("%s.%d.drops" % (d, i)) or 0
                            for d in ("up", "down") for i in range(workers))
+    # TCP queues sampled during the measured iterations (replay_sample.py): mean over samples
+    # of each host's Send-Q / Recv-Q, averaged over hosts.
+    t0, t1 = s_max[warmup], s_max[n]
+    sums, counts = {}, {}
+    try:
+        with open(os.path.join(run_dir, "queues")) as f:
+            for line in f:
+                p = line.split()
+                if len(p) == 4 and t0 <= int(p[0]) <= t1:
+                    h = int(p[1])
+                    sq, rq = sums.get(h, (0, 0))
+                    sums[h] = (sq + int(p[2]), rq + int(p[3]))
+                    counts[h] = counts.get(h, 0) + 1
+    except OSError:
+        pass
+    if counts:
+        send = sum(sums[h][0] / counts[h] for h in counts) / len(counts)
+        recv = sum(sums[h][1] / counts[h] for h in counts) / len(counts)
+        out["sendq_kb"] = send / 1e3
+        out["recvq_kb"] = recv / 1e3
+        if bps > 0:
+            out["sendq_ms"] = send * 8 / bps * 1e3
     # Machine-wide CPU during the run (all cores): how much was left for anything else.
     st = {k: delta("stat." + k) for k in ("user", "system", "idle", "irq", "steal")}
     if all(v is not None for v in st.values()) and sum(st.values()) > 0:
@@ -233,7 +255,7 @@ def main():
         if fifo and fifo[0]["iteration_ms"] and row["iteration_ms"]:
             row["speedup_vs_fifo"] = fifo[0]["iteration_ms"] / row["iteration_ms"]
 
-    digits = {"wire_gbit": 2, "host_busy_pct": 1, "host_kernel_pct": 1, "loadavg": 2, "retrans": 0, "rto": 0, "drops": 0, "workers": 0, "iterations": 0, "warmup": 0,
+    digits = {"sendq_kb": 0, "recvq_kb": 0, "sendq_ms": 1, "wire_gbit": 2, "host_busy_pct": 1, "host_kernel_pct": 1, "loadavg": 2, "retrans": 0, "rto": 0, "drops": 0, "workers": 0, "iterations": 0, "warmup": 0,
               "link_util_pct": 1, "daemon_cpu_pct": 1, "rho": 3}
     with open(a.csv, "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
@@ -258,7 +280,8 @@ def main():
                       ("sim_at_wire_ms", "sim@wire", 1),
                       ("p10_ms", "p10", 1), ("p90_ms", "p90", 1), ("stall_ms", "stall", 1),
                       ("client_ms", "client", 1), ("link_mb", "link_MB", 1),
-                      ("link_util_pct", "util%", 1), ("retrans", "retrans", 0), ("rto", "rto", 0),
+                      ("link_util_pct", "util%", 1), ("sendq_ms", "sendq_ms", 1),
+                      ("recvq_kb", "recvq_kB", 0), ("retrans", "retrans", 0), ("rto", "rto", 0),
                       ("drops", "drops", 0), ("daemon_cpu_pct", "cpu%", 1),
                       ("host_busy_pct", "host%", 1), ("host_kernel_pct", "kern%", 1),
                       ("loadavg", "load", 1)]
@@ -292,7 +315,8 @@ def main():
         print("\n(iter_ms: mean of T(k) = max over ranks of the next forward start - max of this"
               " one; stall: forward waiting for results; client: rank time - compute - stall;"
               " link_MB: busiest port's bytes per iteration, headers included; util%: of the"
-              " tbf rate; rto: TCP retransmission timeouts; cpu%: per daemon, of one core;"
+              " tbf rate; sendq_ms: a host's unacknowledged TCP bytes (mean) at the rate; recvq_kB: bytes"
+              " arrived but not yet read by the daemon (mean per host); rto: TCP retransmission timeouts; cpu%: per daemon, of one core;"
               " host%/kern%: the machine's CPU busy / in the kernel, all cores; load: 1-min"
               " load average at the end)")
     # 3: the report is written but some run has no figures (run-replay then exits 1).
