@@ -17,6 +17,7 @@ constexpr uint64_t kListenerTag = ~0ull;
 constexpr uint32_t kIndexBits = 16;
 constexpr uint32_t kIndexMask = (1u << kIndexBits) - 1;
 constexpr uint32_t kMaxConnections = 4096;
+constexpr TimeNs kTimerScanPeriod = sched::kMillisecond;
 // Per Progress_st call and connection: bounds the time one busy peer can hold the engine.
 constexpr int kMaxReadsPerEvent = 64;
 constexpr int kMaxWritesPerFlush = 16;
@@ -709,7 +710,11 @@ void TcpTransport::OnConnected(Connection& c, TimeNs now) {
 }
 
 void TcpTransport::CheckTimers(TimeNs now) {
-  for (Connection& c : conns_) {
+  // Every deadline here is milliseconds to seconds away: scanning the slots on every step
+  // (hundreds of thousands of steps a second under load) would only burn the engine's core.
+  if (now - last_timer_scan_ < kTimerScanPeriod) return;
+  last_timer_scan_ = now;
+  for (Connection& c : conns_.first(slots_high_water_)) {
     switch (c.state) {
       case ConnState::kBackoff:
         if (now < c.retry_at) break;
@@ -840,6 +845,7 @@ Connection* TcpTransport::AllocSlot() {
   free_slots_.pop_back();
   Connection& c = conns_[idx];
   if (!c.Initialized()) c.Init(options_.max_pending_sends_per_peer);  // first use of the slot
+  slots_high_water_ = std::max<uint32_t>(slots_high_water_, idx + 1);
   c.ResetForUse();
   return &c;
 }

@@ -21,6 +21,7 @@
 
 #include <sys/epoll.h>
 
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -145,6 +146,11 @@ class TcpTransport final {
   const TransportOptions options_;
   TransportHandler* const handler_;
   int epoll_fd_ = -1;
+  // Slots [0, high water) have been used at least once (free slots are reused lowest-first in
+  // practice, so this stays near the number of live connections); timers scan only those, at
+  // most once per millisecond.
+  uint32_t slots_high_water_ = 0;
+  TimeNs last_timer_scan_ = std::numeric_limits<TimeNs>::min() / 2;
   int listen_fd_ = -1;
   uint16_t listen_port_ = 0;
   // Connections hold atomics (live stats), so they never move: fixed storage, indexed by slot.
