@@ -54,6 +54,9 @@ inline const char* StatusName(gl_status s) {
 }
 
 inline constexpr TimeNs kHousekeepingInterval = sched::kMillisecond;
+// How long a released job's connections may linger to deliver their goodbye frames before the
+// job is removed from the transport (which tears down whatever is still open).
+inline constexpr TimeNs kReleaseLinger = 200 * sched::kMillisecond;
 inline constexpr TimeNs kEstimateInterval = 10 * sched::kMillisecond;
 
 }  // namespace engine_internal

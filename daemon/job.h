@@ -92,9 +92,13 @@ struct Part {
   uint64_t length = 0;
   uint16_t owner = 0;    // shard rank
   int32_t owned = -1;    // index into Job::owned when owner == local rank
-  // Worker: the iteration whose result we wait for, bytes of it posted locally and received.
+  // Worker: the iteration whose result we wait for, bytes of it posted locally, bytes of the
+  // result claimed by arriving frame headers (bounds the next header) and bytes actually
+  // placed. Only placed bytes complete a post or let the next iteration start: between a
+  // header and its payload the client must not be able to move the part to another iteration.
   int64_t iteration = -1;
   uint64_t posted = 0;
+  uint64_t result_reserved = 0;
   uint64_t result_got = 0;
 };
 
@@ -169,6 +173,9 @@ struct Job {
   bool failed = false;
   gl_status fail_status = GL_OK;
   std::string fail_reason;
+  // The client is gone and the job failed or ended: its slot, regions and arena alias are
+  // released at this time, so the goodbyes Disconnect_st queued get to leave first.
+  sched::TimeNs release_at = 0;
 
   // Frozen tensors and plan.
   std::vector<JobTensor> tensors;
@@ -201,6 +208,11 @@ struct Job {
   std::vector<DispatchRecord> dispatches;
   std::vector<uint32_t> free_dispatches;
   sched::TimeNs last_estimate_push = 0;
+  // Back-pressure: a Dispatch the transport could not take whole (a peer's send queue was full)
+  // keeps its unsent tail in `dispatch`, from segment `blocked_next`; it goes out before the
+  // policy is asked for anything new, so send order and credit accounting hold.
+  uint32_t blocked_dispatch = 0xFFFFFFFFu;
+  size_t blocked_next = 0;
 
   // Peers by rank (entry `rank` unused). Nothing is dispatched before every peer is up: the
   // job cannot progress without all of them, and a send to a peer that later turns out not to

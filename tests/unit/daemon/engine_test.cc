@@ -467,6 +467,20 @@ TEST(EngineTest, TwoJobsAtOnceStayCorrect) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(cluster.Stats(i).jobs_failed, 0u);
 }
 
+// fifo's window is unbounded: it hands the transport more segments than a peer's send queue
+// holds. That is back-pressure (the rest waits for acks), not a failure.
+TEST(EngineTest, SendQueueFullIsBackPressureNotAFailure) {
+  EngineOptions o = TestOptions("fifo");
+  o.transport.max_pending_sends_per_peer = 2;
+  Cluster cluster(3, o, "bp");
+  JobSpec job{"job-bp", 3, "fifo", "secret", AwkwardTensors(), 9};
+  RunJob(cluster, job, 3, /*mean=*/false);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(cluster.Stats(i).jobs_failed, 0u);
+    EXPECT_GT(cluster.Stats(i).segments_sent, 6u);  // far more than the queue holds
+  }
+}
+
 // Iteration 0 runs on all ranks; then `fault` happens and ranks in `survivors` post iteration 1.
 // Returns, per survivor, the statuses of its iteration-1 posts and the time they took.
 struct SurvivorResult {
