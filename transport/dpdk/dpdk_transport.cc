@@ -479,7 +479,7 @@ int DpdkPort::Poll_st(DatagramSink* sink, TimeNs now, TimeNs wait) {
   p.EnsureThread();
   rte_mbuf* rx[kBurst];
   const TimeNs deadline = wait > 0 ? MonoNow() + wait : 0;
-  TimeNs nap = sched::kMicrosecond;
+  TimeNs nap = 10 * sched::kMicrosecond;
   int spins = 0;
   for (;;) {
     const uint16_t n = rte_eth_rx_burst(p.port, 0, rx, kBurst);
@@ -527,13 +527,13 @@ int DpdkPort::Poll_st(DatagramSink* sink, TimeNs now, TimeNs wait) {
     }
     if (delivered > 0 || wait <= 0) return delivered;
     // Idle back-off: spin a little (a reply is often microseconds away), then sleep in growing
-    // naps up to 100 µs so an idle daemon costs a few thousand polls a second, not a core.
+    // naps up to 250 µs, so an idle daemon makes a few thousand polls a second, not millions.
     const TimeNs t = MonoNow();
     if (t >= deadline) return 0;
-    if (++spins < 64) continue;
+    if (++spins < 16) continue;
     timespec ts{0, static_cast<long>(std::min(nap, deadline - t))};
     nanosleep(&ts, nullptr);
-    nap = std::min<TimeNs>(nap * 2, 100 * sched::kMicrosecond);
+    nap = std::min<TimeNs>(nap * 2, 250 * sched::kMicrosecond);
   }
 }
 

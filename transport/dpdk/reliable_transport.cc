@@ -620,6 +620,9 @@ void ReliableTransport::SendError(const Ipv4Endpoint& to, uint32_t dst_conn, Con
   std::memcpy(msg.reason, reason.data(), msg.body.reason_bytes);
   fh.payload_bytes = static_cast<uint32_t>(kErrorBodyBytes + msg.body.reason_bytes);
   SendControl(to, dst_conn, c, type, fh, &msg, fh.payload_bytes);
+  // Nothing retransmits a close (its connection is gone here), so it goes twice: one lost
+  // datagram should not leave the peer to find out by timeout.
+  if (type == DgramType::kClose && c != nullptr) SendControl(to, dst_conn, c, type, fh, &msg, fh.payload_bytes);
 }
 
 double ReliableTransport::NextRandom() {
@@ -706,6 +709,9 @@ void ReliableTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const 
                        (type == DgramType::kHelloOk || type == DgramType::kReject)));
   if (!match) {
     counters_->stray.Add_st(1);
+    // Our hello-ok was lost and the acceptor already talks on the connection: the next hello
+    // fixes it; closing it would kill a connection the acceptor rightly thinks is up.
+    if (c != nullptr && c->state == ConnState::kHelloSent && c->addr == from) return;
     // Like a TCP RST: a peer still talking to a connection we closed (or forgot in a restart)
     // learns at once. Never answer a close or reject, so two ends cannot ping-pong.
     if (type != DgramType::kClose && type != DgramType::kReject && dh.src_conn != 0) {
@@ -719,7 +725,12 @@ void ReliableTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const 
       if (c->state == ConnState::kHelloSent) OnHelloOk(*c, dh, body, now);
       return;  // a duplicate ok on an established connection: nothing to do
     case DgramType::kReject:
+      OnCloseOrReject(*c, dh, body);
+      return;
     case DgramType::kClose:
+      // A close carries the closer's final acknowledgements: sends it had placed complete as
+      // acknowledged rather than fail with the connection (TCP delivers acks before the FIN too).
+      if (c->state == ConnState::kEstablished && !OnAckFields(*c, dh, now)) return;
       OnCloseOrReject(*c, dh, body);
       return;
     case DgramType::kData:

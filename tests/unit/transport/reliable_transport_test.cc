@@ -52,6 +52,8 @@ class PipeLink final : public DatagramLink {
   bool paused = false;     // stops reading (a stalled receiver); datagrams queue
   bool vanished = false;   // drops everything to and from it
   int tx_budget = -1;      // datagrams accepted before Send_st says "full" (-1: unlimited)
+  int drop_type = 0;       // drop the next datagram of this DgramType (0: none), once
+  int drop_type_always = 0;  // drop every datagram of this DgramType
   uint64_t sent = 0;
   uint64_t data_sent = 0;
 
@@ -87,6 +89,11 @@ bool PipeLink::Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head, st
   std::memcpy(&h, head.data(), sizeof(h));
   if (h.type == static_cast<uint8_t>(DgramType::kData)) ++data_sent;
   if (vanished) return true;
+  if (drop_type_always != 0 && h.type == drop_type_always) return true;
+  if (drop_type != 0 && h.type == drop_type) {
+    drop_type = 0;
+    return true;
+  }
   std::vector<uint8_t> bytes(head.begin(), head.end());
   bytes.insert(bytes.end(), body.begin(), body.end());
   pipe_->Deliver(self_, to, std::move(bytes));
@@ -434,6 +441,48 @@ TEST_F(ReliableTest, BothDirectionsAtOnce) {
   ASSERT_TRUE(RunUntil([&] { return a->handler.acked.size() == 1 && b->handler.acked.size() == 1; }));
   EXPECT_EQ(0, std::memcmp(a->buf.data(), b->buf.data(), 1 << 20));
   EXPECT_EQ(0, std::memcmp(a->buf.data() + (2 << 20), bsrc.data(), 1 << 20));
+}
+
+TEST_F(ReliableTest, LostHelloOkWhileTheAcceptorAlreadySends) {
+  Make();
+  b->link.drop_type = static_cast<int>(DgramType::kHelloOk);
+  // The acceptor sends to the dialer as soon as it is up, before the dialer knows it is.
+  b->handler.resolve = [this](const PeerInfo&, const FrameHeader& h) {
+    return RecvTarget::Into(b->region, h.offset, h.key);
+  };
+  a->handler.resolve = [this](const PeerInfo&, const FrameHeader& h) {
+    return RecvTarget::Into(a->region, (2 << 20) + h.offset, h.key);
+  };
+  FillRandom(b->buf, 21);
+  ASSERT_TRUE(a->transport->Connect_st(Job(0), "10.0.0.2:7610", pipe.now).ok());
+  ASSERT_TRUE(RunUntil([&] { return !b->handler.up.empty(); }));
+  SendSpec s;
+  s.key = 3;
+  s.length = 50000;
+  s.region = b->region;
+  ASSERT_TRUE(b->transport->PostSend_st(b->handler.up[0].handle, s).ok());
+  ASSERT_TRUE(RunUntil([&] { return b->handler.acked.size() == 1 || !b->handler.down.empty(); }));
+  EXPECT_TRUE(b->handler.down.empty());
+  EXPECT_TRUE(a->handler.down.empty());
+  ASSERT_EQ(a->handler.up.size(), 1u);
+  EXPECT_EQ(0, std::memcmp(a->buf.data() + (2 << 20), b->buf.data(), 50000));
+}
+
+TEST_F(ReliableTest, CloseCarriesTheFinalAcknowledgements) {
+  Make();
+  const PeerHandle h = ConnectAB();
+  b->link.drop_type_always = static_cast<int>(DgramType::kAck);  // every pure ack is lost
+  FillRandom(a->buf, 31);
+  ASSERT_TRUE(a->transport->PostSend_st(h, Spec(0, 3000, 0)).ok());
+  ASSERT_TRUE(RunUntil([&] { return b->handler.received.size() == 1; }));
+  for (int i = 0; i < 10; ++i) Step();
+  EXPECT_TRUE(a->handler.acked.empty());
+  // b leaves (its client is done): its close says the segment was placed.
+  b->transport->Disconnect_st(b->handler.up[0].handle, pipe.now);
+  ASSERT_TRUE(RunUntil([&] { return !a->handler.down.empty(); }, 10 * kMs));
+  ASSERT_EQ(a->handler.acked.size(), 1u);
+  EXPECT_TRUE(a->handler.failed.empty());
+  EXPECT_EQ(a->handler.down[0].second.code(), absl::StatusCode::kUnavailable);
 }
 
 TEST_F(ReliableTest, MalformedDatagramsAreCountedAndIgnored) {
