@@ -442,11 +442,14 @@ bool ReliableTransport::Retransmit(Conn& c, TimeNs now) {
   const TimeNs fast_gap = c.have_rtt ? c.srtt : c.rto;
   TimeNs next = kNever;
   bool fired = false;
+  uint32_t expired_sent = 0;
   for (uint64_t s = c.snd_una; s != c.snd_nxt; ++s) {
     Conn::TxPkt& p = c.Pkt(s);
     if (p.sacked) continue;
-    const bool expired = now - p.sent_at >= c.rto;
+    const bool due = now - p.sent_at >= c.rto;
+    const bool expired = due && expired_sent < rel_.rto_burst;
     const bool fast = c.sack_holes && s + kDupThresh <= c.highest_sacked && now - p.sent_at >= fast_gap;
+    if (expired && !fast) ++expired_sent;
     if (expired || fast) {
       if (!SendDataPacket(c, s)) {
         next = now;  // link full: try again next step
@@ -458,7 +461,8 @@ bool ReliableTransport::Retransmit(Conn& c, TimeNs now) {
       counters_->retransmits.Add_st(1);
       fired |= expired;
     }
-    next = std::min(next, p.sent_at + c.rto);
+    // Due but past this timeout's burst: it waits a whole (backed-off) timeout for the acks.
+    next = std::min(next, due && !expired && p.sent_at != now ? now + c.rto : p.sent_at + c.rto);
   }
   if (fired) {
     counters_->timeouts.Add_st(1);

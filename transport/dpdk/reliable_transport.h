@@ -102,10 +102,15 @@ struct ReliableOptions {
   uint32_t window_packets = kMaxWindow;
   // Largest datagram to build; 0 or above the link's: the link's.
   uint32_t max_datagram_bytes = 0;
-  TimeNs initial_rto = 5 * sched::kMillisecond;
-  TimeNs min_rto = 1 * sched::kMillisecond;
+  // The floor is eRPC's 5 ms rather than a few RTTs: on a loaded host a descheduled receiver
+  // delays acks by milliseconds, and every spurious timeout costs a retransmission.
+  TimeNs initial_rto = 10 * sched::kMillisecond;
+  TimeNs min_rto = 5 * sched::kMillisecond;
   TimeNs max_rto = 200 * sched::kMillisecond;
   uint32_t ack_every = 16;
+  // Packets one retransmission timeout resends (the oldest unacknowledged first); the rest wait
+  // for the selective acks that answer them, so a spurious timeout costs little.
+  uint32_t rto_burst = 16;
   TimeNs ack_delay = 50 * sched::kMicrosecond;
   FaultOptions faults;
 };
