@@ -2,15 +2,18 @@
 # tests/bench/replay-default-set.sh — the replay benchmark's default set (issue #6, BRIEF §5.1):
 # resnet50 and vgg16 at 1, 3 and 10 Gbit/s, W = 3, every policy, through real daemons
 # (tests/bench/run-replay), plus each model once unshaped (the daemons' own ceiling, for the
-# analysis in docs/benchmarks.md). Writes into DIR:
+# analysis in docs/benchmarks.md), and resnet50 at the three rates over the DPDK transport where
+# gradlaned has it. Writes into DIR:
 #   resnet50.csv, vgg16.csv   run-replay's CSV per model (3 bandwidths + unshaped x 4 policies)
+#   resnet50-dpdk.csv         the same over DPDK (3 bandwidths x 4 policies)
 #   *-iterations.csv          every iteration's time per bandwidth and policy
 #   default-set.csv           both, one header
 #   default-set.png           measured / ideal per policy and bandwidth, simulator ticks
 #   default-set.txt           the tables as printed, the command, the wall time
+#   raw-<model>/              run-replay --keep: per run the ranks' CSVs, counters, queue samples
 #
 #   tests/bench/replay-default-set.sh --out DIR [--build DIR] [--iterations N] [--warmup N]
-#                                     [--no-unshaped] [--transport tcp|dpdk]
+#                                     [--no-unshaped] [--no-dpdk] [--transport tcp|dpdk]
 # (default iterations: resnet50 2 warm-up + 6 measured, vgg16 2 + 3; --iterations/--warmup set
 # both models)
 # Needs root (network namespaces; without them run-replay falls back to unshaped loopback and
@@ -22,7 +25,7 @@ main() {
   # Iterations per model: vgg16's are 6 s long at 1 Gbit/s, so it gets fewer to stay within the
   # 15 minutes; two warm-ups each (iteration 0 waits for nothing, so iteration 1 carries its
   # traffic too and is longer than the steady state).
-  local out="" bdir=$root/build unshaped=1 transport=tcp
+  local out="" bdir=$root/build unshaped=1 transport=tcp dpdk=1
   local -A iterations=([resnet50]=6 [vgg16]=3) warmup=([resnet50]=2 [vgg16]=2)
   while (($#)); do
     case $1 in
@@ -32,6 +35,7 @@ main() {
       --warmup) warmup=([resnet50]=${2:?} [vgg16]=$2); shift 2 ;;
       --transport) transport=${2:?}; shift 2 ;;
       --no-unshaped) unshaped=0; shift ;;
+      --no-dpdk) dpdk=0; shift ;;
       -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; return 0 ;;
       *) echo "replay-default-set: error: unknown option '$1' (see --help)" >&2; return 2 ;;
     esac
@@ -50,11 +54,25 @@ main() {
     "$root/tests/bench/run-replay" --profile "$root/tests/data/models/$model.json" \
       --bandwidth "$bws" --workers 3 --policies all --transport "$transport" \
       --iterations "${iterations[$model]}" --warmup "${warmup[$model]}" --build "$bdir" \
-      --csv "$out/$model.csv" --per-iteration "$out/$model-iterations.csv" \
+      --csv "$out/$model.csv" --per-iteration "$out/$model-iterations.csv" --keep "$out/raw-$model" \
       2>&1 | tee -a "$out/default-set.txt" || rc=1
   done
+  # resnet50 over DPDK as well, where this gradlaned has the DPDK transport (the same hosts and
+  # shaping; net_af_packet on the veths): how much of the TCP rows' loss is the kernel stack.
+  local csvs=("$out/resnet50.csv" "$out/vgg16.csv") help
+  help=$("$bdir/daemon/gradlaned" --helpfull 2>&1 || true)
+  if ((dpdk)) && [[ $transport == tcp && $help == *--dpdk_vdev* ]]; then
+    "$root/tests/bench/run-replay" --profile "$root/tests/data/models/resnet50.json" \
+      --bandwidth 1gbit,3gbit,10gbit --workers 3 --policies all --transport dpdk --no-calibrate \
+      --iterations "${iterations[resnet50]}" --warmup "${warmup[resnet50]}" --build "$bdir" \
+      --csv "$out/resnet50-dpdk.csv" --per-iteration "$out/resnet50-dpdk-iterations.csv" \
+      --keep "$out/raw-resnet50-dpdk" 2>&1 | tee -a "$out/default-set.txt" || rc=1
+    csvs+=("$out/resnet50-dpdk.csv")
+  elif ((dpdk)); then
+    echo "replay-default-set: no DPDK rows: $bdir/daemon/gradlaned has no DPDK transport" | tee -a "$out/default-set.txt"
+  fi
   # Combined CSV: one header.
-  awk 'FNR > 1 || NR == 1' "$out/resnet50.csv" "$out/vgg16.csv" >"$out/default-set.csv"
+  awk 'FNR > 1 || NR == 1' "${csvs[@]}" >"$out/default-set.csv"
   local wall=$((SECONDS - t0))
   echo "replay-default-set: wall time ${wall} s ($((wall / 60)) min $((wall % 60)) s)" | tee -a "$out/default-set.txt"
 
@@ -69,8 +87,8 @@ main() {
     py=""
   done
   [[ -n $py ]] || echo "replay-default-set: no plot: python3-matplotlib is not installed (deploy/install-deps.sh installs it)" >&2
-  echo "replay-default-set: wrote $out/resnet50.csv $out/vgg16.csv $out/default-set.csv $out/default-set.txt"
+  echo "replay-default-set: wrote ${csvs[*]} $out/default-set.csv $out/default-set.txt"
   return "$rc"
 }
 
-main "$@"
+main "$@"; exit  # (one line: bash reads no further, so editing this file mid-run is harmless)

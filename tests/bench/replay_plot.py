@@ -3,7 +3,7 @@
 
     replay_plot.py COMBINED.csv OUT.png [--title TEXT]
 
-One panel per model; per bandwidth a group of bars, one per policy: the measured iteration time
+One panel per model (and transport); per bandwidth a group of bars, one per policy: the measured iteration time
 over the ideal bound (run-replay's ratio_to_ideal), with the simulator's prediction for the same
 policy as a black tick on the bar (dotted: the simulator at the rate iperf3 measured between
 the same namespaces, where calibrated), and the 1.10x target as a dashed line. Rows without a
@@ -41,22 +41,26 @@ def main():
     if not rows:
         print("replay_plot: no shaped rows with figures in %s" % a.csv, file=sys.stderr)
         return 1
+    # One panel per model and transport.
+    for r in rows:
+        r["panel"] = r["model"] + ("" if r.get("transport", "tcp") == "tcp" else
+                                   " over " + r["transport"].upper())
     models = []
     for r in rows:
-        if r["model"] not in models:
-            models.append(r["model"])
+        if r["panel"] not in models:
+            models.append(r["panel"])
     policies = [p for p in POLICY_ORDER if any(r["policy"] == p for r in rows)]
     policies += sorted({r["policy"] for r in rows} - set(policies))
 
-    fig, axes = plt.subplots(1, len(models), figsize=(max(7.5, 5.6 * len(models)), 5.0),
-                             squeeze=False, sharey=True)
-    def ratio(r, col):
+    fig, axes = plt.subplots(1, len(models), figsize=(max(7.5, 5.2 * len(models)), 5.0),
+                             squeeze=False)
+    def rel(r, col):
         return float(r[col]) / float(r["ideal_ms"]) if r.get(col) else 0.0
-    ymax = max(max(float(r["ratio_to_ideal"]), ratio(r, "sim_iteration_ms"),
-                   ratio(r, "sim_at_wire_ms")) for r in rows)
     width = 0.8 / len(policies)
     for ax, model in zip(axes[0], models):
-        mrows = [r for r in rows if r["model"] == model]
+        mrows = [r for r in rows if r["panel"] == model]
+        ymax = max(max(float(r["ratio_to_ideal"]), rel(r, "sim_iteration_ms"),
+                       rel(r, "sim_at_wire_ms")) for r in mrows)
         bws = sorted({float(r["bandwidth_gbit"]) for r in mrows})
         for pi, p in enumerate(policies):
             for bi, bw in enumerate(bws):
@@ -92,7 +96,7 @@ def main():
         ax.set_xticklabels(labels, fontsize=8)
         ax.set_title("%s, W=%s" % (model, mrows[0]["workers"]), fontsize=10)
         ax.grid(axis="y", linewidth=0.4, alpha=0.6, zorder=0)
-        ax.set_ylim(0.8, ymax * 1.12)
+        ax.set_ylim(0.8, max(ymax * 1.12, 1.25))
     axes[0][0].set_ylabel("iteration time / ideal bound (lower is better)")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 4), fontsize=8,
