@@ -19,12 +19,17 @@ import os
 import sys
 
 COLUMNS = [
+    # the contract (issue #6)
     "policy", "iteration_ms", "speedup_vs_fifo", "ratio_to_ideal", "sim_iteration_ms",
-    "ideal_ms", "vs_sim", "wire_gbit", "sim_at_wire_ms", "ideal_at_wire_ms", "p10_ms", "p90_ms", "stall_ms", "client_ms", "compute_ms", "rho",
-    "link_mb", "sim_link_mb", "link_util_pct", "sendq_kb", "sendq_ms", "recvq_kb", "retrans", "rto", "drops", "daemon_cpu_pct", "host_busy_pct",
-    "host_kernel_pct", "loadavg",
-    "bandwidth_gbit", "bandwidth", "tbf_burst_ms", "workers", "model", "transport", "network", "nice",
-    "iterations", "warmup", "status",
+    # the simulator's bound, the emulated network's measured rate and the simulator at it
+    "ideal_ms", "vs_sim", "wire_gbit", "sim_at_wire_ms", "ideal_at_wire_ms",
+    # the run
+    "p10_ms", "p90_ms", "stall_ms", "client_ms", "compute_ms", "rho", "link_mb", "sim_link_mb",
+    "link_util_pct", "sendq_kb", "sendq_ms", "recvq_kb", "retrans", "rto", "drops",
+    "daemon_cpu_pct", "host_busy_pct", "host_kernel_pct", "loadavg",
+    # the setting
+    "bandwidth_gbit", "bandwidth", "tbf_burst_ms", "workers", "model", "transport", "network",
+    "nice", "iterations", "warmup", "status",
 ]
 
 
@@ -255,8 +260,10 @@ def main():
         if fifo and fifo[0]["iteration_ms"] and row["iteration_ms"]:
             row["speedup_vs_fifo"] = fifo[0]["iteration_ms"] / row["iteration_ms"]
 
-    digits = {"sendq_kb": 0, "recvq_kb": 0, "sendq_ms": 1, "wire_gbit": 2, "host_busy_pct": 1, "host_kernel_pct": 1, "loadavg": 2, "retrans": 0, "rto": 0, "drops": 0, "workers": 0, "iterations": 0, "warmup": 0,
-              "link_util_pct": 1, "daemon_cpu_pct": 1, "rho": 3}
+    digits = {"sendq_kb": 0, "recvq_kb": 0, "sendq_ms": 1, "wire_gbit": 2, "host_busy_pct": 1,
+              "host_kernel_pct": 1, "loadavg": 2, "retrans": 0, "rto": 0, "drops": 0,
+              "workers": 0, "iterations": 0, "warmup": 0, "link_util_pct": 1,
+              "daemon_cpu_pct": 1, "rho": 3}
     with open(a.csv, "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(COLUMNS)
