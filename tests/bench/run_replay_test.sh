@@ -89,6 +89,14 @@ for e in errors:
 sys.exit(1 if errors else 0)
 PY
 
+# ---- a daemon that cannot start: exit 1 with its reason, at once (not once per policy)
+rc=0
+"$rr" --build "$bdir" --profile "$tiny" --bandwidth 1gbit --workers 2 --policies fifo,p3 \
+  --no-calibrate --daemon-flags "--no_such_flag=1" --csv "$tmp/bad.csv" >"$tmp/bad.out" 2>&1 || rc=$?
+((rc == 1)) || { cat "$tmp/bad.out" >&2; fail "a daemon that cannot start: exit $rc, expected 1"; }
+grep -q "gradlaned did not start on host 0" "$tmp/bad.out" || { cat "$tmp/bad.out" >&2; fail "no message for a daemon that cannot start"; }
+grep -q "no_such_flag" "$tmp/bad.out" || { cat "$tmp/bad.out" >&2; fail "the daemon's own error is not shown"; }
+
 # ---- no namespaces: falls back to loopback and says so (in the output and the CSV)
 rc=0
 GL_FORCE_LOOPBACK=1 "$rr" --build "$bdir" --profile "$tiny" --bandwidth 1gbit --workers 2 \
