@@ -26,7 +26,7 @@ COLUMNS = [
     # the run
     "p10_ms", "p90_ms", "stall_ms", "client_ms", "compute_ms", "rho", "link_mb", "sim_link_mb",
     "link_util_pct", "sendq_kb", "sendq_ms", "recvq_kb", "retrans", "rto", "drops",
-    "daemon_cpu_pct", "host_busy_pct", "host_kernel_pct", "loadavg",
+    "daemon_cpu_pct", "daemon_wait_pct", "host_busy_pct", "host_kernel_pct", "loadavg",
     # the setting
     "bandwidth_gbit", "bandwidth", "tbf_burst_ms", "workers", "model", "transport", "network",
     "nice", "iterations", "warmup", "status",
@@ -164,6 +164,10 @@ def measure(run_dir, workers, iterations, warmup, bps, clk_tck, compute_ms):
     cpus = [c for c in cpus if c is not None]
     if span and cpus:
         out["daemon_cpu_pct"] = 100.0 * (sum(cpus) / len(cpus)) / clk_tck / (span / 1e9)
+    waits = [delta("wait.%d.ns" % i) for i in range(workers)]
+    waits = [w for w in waits if w is not None]
+    if span and waits:
+        out["daemon_wait_pct"] = 100.0 * (sum(waits) / len(waits)) / span
     return out
 
 
@@ -263,7 +267,7 @@ def main():
     digits = {"sendq_kb": 0, "recvq_kb": 0, "sendq_ms": 1, "wire_gbit": 2, "host_busy_pct": 1,
               "host_kernel_pct": 1, "loadavg": 2, "retrans": 0, "rto": 0, "drops": 0,
               "workers": 0, "iterations": 0, "warmup": 0, "link_util_pct": 1,
-              "daemon_cpu_pct": 1, "rho": 3}
+              "daemon_cpu_pct": 1, "daemon_wait_pct": 1, "rho": 3}
     with open(a.csv, "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(COLUMNS)
@@ -290,6 +294,7 @@ def main():
                       ("link_util_pct", "util%", 1), ("sendq_ms", "sendq_ms", 1),
                       ("recvq_kb", "recvq_kB", 0), ("retrans", "retrans", 0), ("rto", "rto", 0),
                       ("drops", "drops", 0), ("daemon_cpu_pct", "cpu%", 1),
+                      ("daemon_wait_pct", "wait%", 1),
                       ("host_busy_pct", "host%", 1), ("host_kernel_pct", "kern%", 1),
                       ("loadavg", "load", 1)]
         for j in sorted({r["_j"] for r in out_rows}):
@@ -324,6 +329,7 @@ def main():
               " link_MB: busiest port's bytes per iteration, headers included; util%: of the"
               " tbf rate; sendq_ms: a host's unacknowledged TCP bytes (mean) at the rate; recvq_kB: bytes"
               " arrived but not yet read by the daemon (mean per host); rto: TCP retransmission timeouts; cpu%: per daemon, of one core;"
+              " wait%: per daemon, time its threads were runnable but waiting for a CPU;"
               " host%/kern%: the machine's CPU busy / in the kernel, all cores; load: 1-min"
               " load average at the end)")
     # 3: the report is written but some run has no figures (run-replay then exits 1).
