@@ -1,6 +1,8 @@
 #include "daemon/engine.h"
 
+#include <sys/epoll.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <time.h>
 
 #include <cerrno>
@@ -72,6 +74,7 @@ absl::StatusOr<std::unique_ptr<Engine<T>>> Engine<T>::Create(const EngineOptions
 template <class T>
 Engine<T>::~Engine() {
   Shutdown_st();
+  if (sleep_epoll_ >= 0) ::close(sleep_epoll_);
 }
 
 template <class T>
@@ -119,11 +122,43 @@ void Engine<T>::Run(const std::atomic<bool>& stop) {
       continue;
     }
     if (++idle < options_.idle_spins) continue;
-    // Sleep on the transport's sockets; client posts are picked up on the next round, so an
-    // idle daemon answers a new post within idle_wait_ms.
-    transport_->Progress_st(SessionServer::MonotonicNow(), options_.idle_wait_ms);
+    Sleep_st();
   }
   Shutdown_st();
+}
+
+template <class T>
+void Engine<T>::Sleep_st() {
+  int timeout_ms = options_.idle_wait_ms;
+  if constexpr (requires(T& t) {
+                  { t.epoll_fd() } -> std::same_as<int>;
+                  { t.HasDeferredWork_st() } -> std::same_as<bool>;
+                }) {
+    // One epoll over both: a client's doorbell or a peer's bytes end the sleep at once, so an
+    // idle daemon reacts to either in microseconds, not at the next tick. The tick
+    // (idle_wait_ms) still bounds the sleep for timers: policy wake-ups, housekeeping.
+    if (sleep_epoll_ < 0) {
+      sleep_epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
+      for (int fd : {server_->wait_fd(), transport_->epoll_fd()}) {
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.fd = fd;
+        if (sleep_epoll_ >= 0) (void)::epoll_ctl(sleep_epoll_, EPOLL_CTL_ADD, fd, &ev);
+      }
+    }
+    if (sleep_epoll_ >= 0 && !transport_->HasDeferredWork_st()) {
+      bool woke = false;
+      if (server_->ArmForSleep(&timeout_ms)) {
+        epoll_event events[2];
+        woke = ::epoll_wait(sleep_epoll_, events, 2, timeout_ms) > 0;
+      }
+      server_->DisarmAfterSleep(woke);
+      return;
+    }
+  }
+  // Sleep on the transport alone; client posts are picked up on the next round, within
+  // idle_wait_ms.
+  transport_->Progress_st(SessionServer::MonotonicNow(), timeout_ms);
 }
 
 template <class T>
@@ -148,14 +183,21 @@ void Engine<T>::Shutdown_st() {
 
 template <class T>
 void Engine<T>::Housekeeping_st(TimeNs now) {
+  if (options_.telemetry != nullptr) PublishTelemetry_st(now);
   for (auto& jp : jobs_) {
     if (jp == nullptr) continue;
     Job& job = *jp;
+    if (job.release_at != 0) {
+      if (now >= job.release_at) ReleaseJob_st(job);
+      continue;
+    }
     if (server_->FindSession(job.session_id) == nullptr) {
       if (!EndJob_st(job, now)) continue;  // still draining or leaving
       FailJob_st(job, GL_E_DISCONNECTED, absl::StrCat("job ", job.info.job_id,
                                                       ": client session closed"));
-      ReleaseJob_st(job);
+      // Not now: releasing removes the job from the transport, which would cut the goodbye
+      // frames FailJob_st just queued. The connections linger briefly, then go.
+      job.release_at = now + kReleaseLinger;
       continue;
     }
     if (job.failed) {
@@ -565,13 +607,22 @@ void Engine<T>::OnPeerDown_st(const transport::PeerInfo& peer, const absl::Statu
 template <class T>
 void Engine<T>::OnSendAcked_st(const transport::SendCompletion& send, TimeNs now) {
   Job* job = JobFromCookie(send.cookie);
-  if (job == nullptr) return;
+  // A failed job has no policy and no rounds: a late ack has nothing left to update.
+  if (job == nullptr || job->failed) return;
   auto it = out_handles_.find(send.peer);
   if (it != out_handles_.end()) {
     JobPeer& p = job->peers[it->second.rank];
     if ((send.cookie & (kCookieManifest | kCookieLeave)) == 0 && p.send_head < p.send_tail) {
       const TimeNs sent = p.send_times[p.send_head++ % p.send_times.size()];
       job->estimator.OnAck(send.length, sent, now);
+      if (options_.telemetry != nullptr) {
+        const uint8_t dir = static_cast<uint8_t>((send.cookie & kCookiePull) != 0
+                                                     ? sched::Direction::kPull
+                                                     : sched::Direction::kPush);
+        options_.telemetry->Emit_st({EventType::kAcked, dir, it->second.rank, job->slot,
+                                     job->generation, 0, send.key, send.iteration, send.offset,
+                                     send.length, sent, now});
+      }
     }
   }
   if ((send.cookie & kCookieManifest) != 0) return;
@@ -650,16 +701,16 @@ RecvTarget Engine<T>::ResolveRecv_st(const transport::PeerInfo& peer,
   }
   // A pull response: only from the partition's shard, for the round we wait for.
   if (p->owner != r || p->iteration != h.iteration || p->posted != p->length ||
-      p->result_got + h.length > p->length) {
+      p->result_reserved + h.length > p->length) {
     return reject();
   }
-  p->result_got += h.length;
+  p->result_reserved += h.length;
   return RecvTarget::Into(job->arena_region, t.arena_offset + h.offset, cookie);
 }
 
 template <class T>
 void Engine<T>::OnRecvDone_st(const transport::PeerInfo& peer, const transport::FrameHeader& h,
-                              const RecvTarget& target, TimeNs) {
+                              const RecvTarget& target, TimeNs now) {
   Job* job = JobFromCookie(target.cookie);
   if (job == nullptr || job->failed) return;
   const uint32_t r = peer.rank;
@@ -705,6 +756,11 @@ void Engine<T>::OnRecvDone_st(const transport::PeerInfo& peer, const transport::
   }
   Part* p = PartAt(*job, tid, h.offset);
   if (p == nullptr) return;
+  if (options_.telemetry != nullptr) {
+    options_.telemetry->Emit_st({EventType::kReceived, h.direction, static_cast<uint16_t>(r),
+                                 job->slot, job->generation, h.priority, h.key, h.iteration,
+                                 h.offset, h.length, 0, now});
+  }
   if (h.direction == static_cast<uint8_t>(sched::Direction::kPush)) {
     // Frames of one peer are resolved and placed one after another, so when the bytes reserved
     // for rank r reach the partition's length, this frame was its last piece.
@@ -714,6 +770,7 @@ void Engine<T>::OnRecvDone_st(const transport::PeerInfo& peer, const transport::
     }
     return;
   }
+  p->result_got += h.length;
   if (p->result_got == p->length) PartResultReady_st(*job, static_cast<uint32_t>(p - job->parts.data()));
 }
 

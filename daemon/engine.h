@@ -53,6 +53,7 @@
 #include "daemon/ps/aggregator.h"
 #include "daemon/session.h"
 #include "daemon/session_server.h"
+#include "daemon/telemetry.h"
 #include "transport/transport.h"
 
 namespace gradlane::daemon {
@@ -70,6 +71,8 @@ struct EngineOptions {
   int autotune_iterations_per_trial = 5;
   // Busy-polling before the engine sleeps (in loop rounds), and the sleep granularity.
   int idle_spins = 200;
+  // Operator telemetry (events + snapshots, daemon/telemetry.h); null: none. Outlives the engine.
+  Telemetry* telemetry = nullptr;
   int idle_wait_ms = 1;
 };
 
@@ -143,6 +146,9 @@ class Engine final : public PostSink, public transport::TransportHandler {
 
   explicit Engine(const EngineOptions& options);
 
+  // Idle: sleep until a client or peer event, or the idle tick.
+  void Sleep_st();
+
   // Job lifecycle (control path).
   Job* ActivateJob_st(Session& session, sched::TimeNs now);
   JobError SetUpJob_st(Session& session, Job& job, sched::TimeNs now);
@@ -154,6 +160,8 @@ class Engine final : public PostSink, public transport::TransportHandler {
   // Stops accepting peers of the job (TCP: RemoveJob_st). Never from inside a callback.
   void RemoveFromTransport_st(Job& job);
   void Housekeeping_st(sched::TimeNs now);
+  // Heartbeat, and the periodic snapshot for the operator tools (engine_telemetry.cc).
+  void PublishTelemetry_st(sched::TimeNs now);
 
   // Worker role.
   void FinishPost_st(Job& job, uint32_t post_index, gl_status status);
@@ -164,6 +172,9 @@ class Engine final : public PostSink, public transport::TransportHandler {
   void TryReduce_st(Job& job, OwnedPart& o);
   // Scheduling.
   int RunPolicy_st(Job& job, sched::TimeNs now);
+  // Posts segments [from, end) of job.dispatch (Dispatch record d). False when it stopped: the
+  // job failed, or a full peer queue left the rest blocked (job.blocked_dispatch).
+  bool SendDispatch_st(Job& job, uint32_t d, size_t from, sched::TimeNs now);
   void ReturnDispatch_st(Job& job, uint32_t dispatch, sched::TimeNs now);
   void TuneStep_st(Job& job, sched::TimeNs now);
 
@@ -177,6 +188,7 @@ class Engine final : public PostSink, public transport::TransportHandler {
   std::unique_ptr<T> transport_;
   uint16_t listen_port_ = 0;
   bool shut_down_ = false;
+  int sleep_epoll_ = -1;  // client events + transport sockets, created on the first idle sleep
 
   std::vector<std::unique_ptr<Job>> jobs_;  // by slot; null = free
   std::vector<uint32_t> generations_;       // per slot, bumped on release

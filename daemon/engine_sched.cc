@@ -23,6 +23,13 @@ template <class T>
 int Engine<T>::RunPolicy_st(Job& job, TimeNs now) {
   if (!job.all_up && job.world > 1) return 0;  // nothing goes before every peer is up
   int work = 0;
+  if (job.blocked_dispatch != kNoDispatch) {
+    const uint32_t d = job.blocked_dispatch;
+    const size_t from = job.blocked_next;
+    job.blocked_dispatch = kNoDispatch;
+    if (!SendDispatch_st(job, d, from, now)) return work;
+    ++work;
+  }
   while (!job.failed && job.policy != nullptr && job.policy->NextDispatch(now, job.dispatch)) {
     ++work;
     uint32_t d;
@@ -40,53 +47,76 @@ int Engine<T>::RunPolicy_st(Job& job, TimeNs now) {
       job.policy->OnAcked(job.dispatch.bytes, now);
       continue;
     }
-    for (const sched::Segment& seg : job.dispatch.segments) {
-      transport::SendSpec spec;
-      spec.key = seg.key;
-      spec.iteration = seg.iteration;
-      spec.offset = seg.offset;
-      spec.length = seg.length;
-      spec.priority = seg.priority;
-      spec.dtype = seg.dtype;
-      spec.direction = seg.direction;
-      const uint32_t tid = sched::KeyTensor(seg.key);
-      Part* p = PartAt(job, tid, seg.offset);
-      if (p == nullptr || seg.peer >= job.world || seg.peer == job.rank) {
-        FailJob_st(job, GL_E_INTERNAL, "policy produced a segment outside the job");
-        return work;
-      }
-      if (seg.direction == sched::Direction::kPush) {
-        spec.region = job.arena_region;
-        spec.region_offset = job.tensors[tid].arena_offset + seg.offset;
-        spec.cookie = MakeCookie(job.slot, job.generation, 0, d);
-      } else {
-        const OwnedPart& o = job.owned[p->owned];
-        spec.region = job.slab_region;
-        spec.region_offset =
-            o.slab_offset + uint64_t{job.rank} * p->length + (seg.offset - p->offset);
-        spec.cookie = MakeCookie(job.slot, job.generation, kCookiePull, d);
-      }
-      JobPeer& peer = job.peers[seg.peer];
-      if (peer.left || peer.out == transport::kNoPeer) {
-        FailJob_st(job, GL_E_DISCONNECTED, absl::StrCat("job ", job.info.job_id, ": rank ",
-                                                        seg.peer, " left the job"));
-        return work;
-      }
-      absl::Status s = transport_->PostSend_st(peer.out, spec);
-      if (!s.ok()) {
-        FailJob_st(job, StatusFor(s), absl::StrCat("job ", job.info.job_id, ": send to rank ",
-                                                   seg.peer, ": ", s.message()));
-        return work;
-      }
-      job.estimator.OnSend(seg.length, now);
-      if (peer.send_tail - peer.send_head < peer.send_times.size()) {
-        peer.send_times[peer.send_tail++ % peer.send_times.size()] = now;
-      }
-      ++job.segments_sent;
-      counters_.segments_sent.Add_st(1);
+    if (options_.telemetry != nullptr && job.dispatch.segments.size() > 1) {
+      options_.telemetry->Emit_st({EventType::kBlock, 0, 0, job.slot, job.generation, 0,
+                                   job.dispatch.segments.size(), 0, 0, job.dispatch.bytes, 0, now});
     }
+    if (!SendDispatch_st(job, d, 0, now)) break;
   }
   return work;
+}
+
+template <class T>
+bool Engine<T>::SendDispatch_st(Job& job, uint32_t d, size_t from, TimeNs now) {
+  const auto& segments = job.dispatch.segments;
+  for (size_t i = from; i < segments.size(); ++i) {
+    const sched::Segment& seg = segments[i];
+    transport::SendSpec spec;
+    spec.key = seg.key;
+    spec.iteration = seg.iteration;
+    spec.offset = seg.offset;
+    spec.length = seg.length;
+    spec.priority = seg.priority;
+    spec.dtype = seg.dtype;
+    spec.direction = seg.direction;
+    const uint32_t tid = sched::KeyTensor(seg.key);
+    Part* p = PartAt(job, tid, seg.offset);
+    if (p == nullptr || seg.peer >= job.world || seg.peer == job.rank) {
+      FailJob_st(job, GL_E_INTERNAL, "policy produced a segment outside the job");
+      return false;
+    }
+    if (seg.direction == sched::Direction::kPush) {
+      spec.region = job.arena_region;
+      spec.region_offset = job.tensors[tid].arena_offset + seg.offset;
+      spec.cookie = MakeCookie(job.slot, job.generation, 0, d);
+    } else {
+      const OwnedPart& o = job.owned[p->owned];
+      spec.region = job.slab_region;
+      spec.region_offset =
+          o.slab_offset + uint64_t{job.rank} * p->length + (seg.offset - p->offset);
+      spec.cookie = MakeCookie(job.slot, job.generation, kCookiePull, d);
+    }
+    JobPeer& peer = job.peers[seg.peer];
+    if (peer.left || peer.out == transport::kNoPeer) {
+      FailJob_st(job, GL_E_DISCONNECTED, absl::StrCat("job ", job.info.job_id, ": rank ",
+                                                      seg.peer, " left the job"));
+      return false;
+    }
+    absl::Status s = transport_->PostSend_st(peer.out, spec);
+    if (absl::IsResourceExhausted(s)) {
+      // The peer's send queue is full (a policy with a window larger than the queue, e.g.
+      // fifo): wait for its acks instead of failing the job.
+      job.blocked_dispatch = d;
+      job.blocked_next = i;
+      return false;
+    }
+    if (!s.ok()) {
+      FailJob_st(job, StatusFor(s), absl::StrCat("job ", job.info.job_id, ": send to rank ",
+                                                 seg.peer, ": ", s.message()));
+      return false;
+    }
+    job.estimator.OnSend(seg.length, now);
+    if (peer.send_tail - peer.send_head < peer.send_times.size()) {
+      peer.send_times[peer.send_tail++ % peer.send_times.size()] = now;
+    }
+    ++job.segments_sent;
+    counters_.segments_sent.Add_st(1);
+    if (options_.telemetry != nullptr) {
+      options_.telemetry->Segment_st(EventType::kDispatched, job.slot, job.generation, seg,
+                                     seg.ready_at, now);
+    }
+  }
+  return true;
 }
 
 template <class T>
@@ -143,6 +173,7 @@ void Engine<T>::TuneStep_st(Job& job, TimeNs now) {
 
 #define GRADLANE_INSTANTIATE(T) \
   template int Engine<T>::RunPolicy_st(Job&, sched::TimeNs); \
+  template bool Engine<T>::SendDispatch_st(Job&, uint32_t, size_t, sched::TimeNs); \
   template void Engine<T>::ReturnDispatch_st(Job&, uint32_t, sched::TimeNs); \
   template void Engine<T>::TuneStep_st(Job&, sched::TimeNs);
 GRADLANE_ENGINE_FOR_EACH_TRANSPORT(GRADLANE_INSTANTIATE)

@@ -1,13 +1,15 @@
 // gradlaned — the per-host gradlane daemon. Parses flags (and --flagfile), binds the client
-// socket and the peer port, prints one ready line, runs the engine thread until SIGTERM/SIGINT,
+// socket and the peer port, starts the operator services (Prometheus endpoint, admin socket:
+// daemon/ops.h), logs where they listen, prints one ready line, tells systemd READY=1, runs the
+// engine thread until SIGTERM/SIGINT (pinging systemd's watchdog while the engine makes progress),
 // then fails pending posts, closes every session and exits 0. Any startup error is one line on
 // stderr and exit code 1.
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -22,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/config.h"
 #include "daemon/engine.h"
+#include "daemon/ops.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/dpdk/dpdk_transport.h"
 #include <type_traits>
@@ -45,22 +48,6 @@ void MakeParentDirs(const std::string& path) {
   }
 }
 
-// systemd Type=notify: READY=1 / STOPPING=1 to $NOTIFY_SOCKET when set (no libsystemd needed).
-void Notify(const char* state) {
-  const char* path = std::getenv("NOTIFY_SOCKET");
-  if (path == nullptr || path[0] == '\0') return;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  const size_t n = std::strlen(path);
-  if (n >= sizeof(addr.sun_path)) return;
-  std::memcpy(addr.sun_path, path, n);
-  if (addr.sun_path[0] == '@') addr.sun_path[0] = '\0';  // abstract namespace
-  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return;
-  (void)::sendto(fd, state, std::strlen(state), MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&addr),
-                 static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + n));
-  ::close(fd);
-}
 
 }  // namespace
 
@@ -83,34 +70,78 @@ int main(int argc, char** argv) {
   auto options = gradlane::daemon::OptionsFromFlags();
   if (!options.ok()) Die(std::string(options.status().message()));
   MakeParentDirs(options->sessions.socket_path);
+  auto ops_config = gradlane::daemon::OpsConfigFromFlags(options->sessions.socket_path);
+  if (!ops_config.ok()) Die(std::string(ops_config.status().message()));
+  // The engine's side of the operator telemetry; outlives the engine (declared first).
+  gradlane::daemon::Telemetry telemetry;
+  options->telemetry = &telemetry;
 
   auto transport = gradlane::daemon::TransportFromFlags();
   if (!transport.ok()) Die(std::string(transport.status().message()));
+  // The ready line names the address peers dial: for DPDK, the port's own IPv4 address.
   if (transport->name == "dpdk" && !transport->dpdk.ip.empty()) {
     options->transport.listen_address = transport->dpdk.ip;
   }
+
+  // The rest is the same for every backend; `engine` is Engine<T> of the chosen one.
   auto serve = [&](auto engine) -> int {
     using EngineT = typename std::remove_reference_t<decltype(**engine)>;
     if (!engine.ok()) Die(std::string(engine.status().message()));
+    EngineT* e = engine->get();
+    gradlane::daemon::HubSources sources;
+    sources.telemetry = &telemetry;
+    sources.engine_stats = [e] { return e->Stats(); };
+    sources.transport_stats = [e] { return e->transport().Stats(); };
+    sources.version = GRADLANE_VERSION;
+    auto ops = gradlane::daemon::OpsServices::Start(*ops_config, std::move(sources));
+    if (!ops.ok()) {
+      engine->reset();  // removes the client socket
+      Die(std::string(ops.status().message()));
+    }
 
     std::string host = options->transport.listen_address;
     if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
+    // Logged before the ready line (stdout keeps its one-line contract): a script that has
+    // seen the ready line finds this in the log.
+    gradlane::daemon::LogLine(absl::StrCat(
+        "ops metrics=", (*ops)->metrics_endpoint().empty() ? "none" : (*ops)->metrics_endpoint(),
+        " admin=", (*ops)->admin_socket().empty() ? "none" : (*ops)->admin_socket()));
     std::printf("gradlaned ready socket=%s listen=%s:%u\n", (*engine)->socket_path().c_str(),
                 host.c_str(), static_cast<unsigned>((*engine)->listen_port()));
     std::fflush(stdout);
-    Notify("READY=1");
+    gradlane::daemon::SystemdNotifier systemd;
+    systemd.Ready(absl::StrCat("serving on port ", (*engine)->listen_port()));
 
     std::atomic<bool> stop{false};
-    EngineT* e = engine->get();
     std::thread engine_thread([e, &stop] { e->Run(stop); });
 
+    // Wait for a signal; meanwhile ping systemd's watchdog at half its interval, but only while
+    // the engine's heartbeat (its housekeeping clock) has moved since the last ping: a stuck
+    // engine loop stops the pings and systemd restarts the daemon.
+    const gradlane::sched::TimeNs wd = systemd.watchdog_interval();
+    const gradlane::sched::TimeNs tick =
+        wd > 0 ? std::min<gradlane::sched::TimeNs>(wd / 2, gradlane::sched::kSecond)
+               : gradlane::sched::kSecond;
+    gradlane::sched::TimeNs last_beat = -1;
     int sig = 0;
-    while (sigwait(&set, &sig) != 0) {
+    for (;;) {
+      timespec ts{static_cast<time_t>(tick / gradlane::sched::kSecond),
+                  static_cast<long>(tick % gradlane::sched::kSecond)};
+      sig = sigtimedwait(&set, nullptr, &ts);
+      if (sig > 0) break;
+      if (wd > 0) {
+        const gradlane::sched::TimeNs beat = telemetry.heartbeat();
+        if (beat != last_beat) {
+          last_beat = beat;
+          systemd.PingWatchdog();
+        }
+      }
     }
-    Notify("STOPPING=1");
+    systemd.Stopping();
     gradlane::daemon::LogLine(absl::StrCat("signal ", sig, ": shutting down"));
     stop.store(true, std::memory_order_release);
     engine_thread.join();  // Run() ends with Shutdown_st: posts failed, sessions closed, unmapped
+    ops->reset();          // admin and metrics threads read the engine's counters
     engine->reset();
     return 0;
   };

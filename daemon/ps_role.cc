@@ -29,6 +29,11 @@ bool Engine<T>::ShardAccept_st(Job& job, OwnedPart& o, uint32_t rank, int64_t it
     if (iteration <= o.round || !o.reduced || job.any_left) return false;
     o.round = iteration;
     o.reduced = false;
+    if (options_.telemetry != nullptr) {
+      options_.telemetry->Emit_st({EventType::kRoundOpened, 0, 0, job.slot, job.generation, 0,
+                                   sched::MakeKey(p.tensor, p.index), iteration, p.offset,
+                                   p.length, 0, SessionServer::MonotonicNow()});
+    }
     o.ranks_complete = 0;
     o.priority = std::numeric_limits<sched::Priority>::max();
     std::fill(got, got + job.world, 0);
@@ -71,6 +76,11 @@ void Engine<T>::TryReduce_st(Job& job, OwnedPart& o) {
   ++job.rounds_reduced;
   counters_.rounds_reduced.Add_st(1);
   const sched::TimeNs now = SessionServer::MonotonicNow();
+  if (options_.telemetry != nullptr) {
+    options_.telemetry->Emit_st({EventType::kRoundReduced, 0, 0, job.slot, job.generation,
+                                 o.priority, sched::MakeKey(p.tensor, p.index), o.round,
+                                 p.offset, p.length, 0, now});
+  }
   for (uint16_t r = 0; r < job.world; ++r) {
     if (r == job.rank) continue;
     sched::ReadyRange rr;
@@ -84,9 +94,15 @@ void Engine<T>::TryReduce_st(Job& job, OwnedPart& o) {
     rr.offset = p.offset;
     rr.length = p.length;
     job.policy->OnReady(rr, now);
+    if (options_.telemetry != nullptr) {
+      options_.telemetry->Emit_st({EventType::kReady, 1, r, job.slot, job.generation, o.priority,
+                                   sched::MakeKey(p.tensor, p.index), o.round, p.offset,
+                                   p.length, 0, now});
+    }
   }
   o.pulls_pending = uint64_t{job.world - 1u} * p.length;
   // The local rank's result is in its buffer now.
+  p.result_reserved = p.length;
   p.result_got = p.length;
   PartResultReady_st(job, o.part);
 }

@@ -81,6 +81,11 @@ void Engine<T>::OnPost(Session& session, const PostDescriptor& post) {
   rec.live = true;
   ++job->posts_pending;
   t.active_posts.push_back(index);
+  if (options_.telemetry != nullptr) {
+    options_.telemetry->Emit_st({EventType::kPosted, 0, 0, job->slot, job->generation, prio,
+                                 sched::MakeKey(post.tensor_id, 0), post.iteration, post.offset,
+                                 post.length, 0, now});
+  }
   if (auto tit = tuners_.find(job->slot); tit != tuners_.end()) {
     tit->second->bytes += post.length;
     if (post.iteration > tit->second->last_iteration) {
@@ -94,6 +99,7 @@ void Engine<T>::OnPost(Session& session, const PostDescriptor& post) {
     if (p.iteration != post.iteration) {
       p.iteration = post.iteration;
       p.posted = 0;
+      p.result_reserved = 0;
       p.result_got = 0;
     }
     const uint64_t lo = std::max(post.offset, p.offset);
@@ -123,6 +129,11 @@ void Engine<T>::OnPost(Session& session, const PostDescriptor& post) {
       r.offset = lo;
       r.length = hi - lo;
       job->policy->OnReady(r, now);
+      if (options_.telemetry != nullptr) {
+        options_.telemetry->Emit_st({EventType::kReady, 0, p.owner, job->slot, job->generation,
+                                     prio, sched::MakeKey(p.tensor, p.index), post.iteration, lo,
+                                     hi - lo, 0, now});
+      }
     }
   }
 }
@@ -143,6 +154,13 @@ void Engine<T>::FinishPost_st(Job& job, uint32_t index, gl_status status) {
   }
   job.free_posts.push_back(index);
   if (status == GL_OK) ++job.posts_completed; else ++job.posts_failed;
+  if (options_.telemetry != nullptr) {
+    options_.telemetry->Emit_st({EventType::kPostDone, 0, 0, job.slot, job.generation,
+                                 static_cast<int32_t>(status),
+                                 sched::MakeKey(rec.post.tensor_id, 0), rec.post.iteration,
+                                 rec.post.offset, rec.post.length, 0,
+                                 SessionServer::MonotonicNow()});
+  }
   Complete_st(rec.post, status);
 }
 

@@ -13,6 +13,7 @@ packages=(
   libdpdk-dev dpdk libibverbs-dev librdmacm-dev ibverbs-providers
   prometheus-cpp-dev libsystemd-dev
   iproute2 iperf3 procps
+  prometheus systemd
   python3-matplotlib
 )
 if [[ "${1:-}" == "--profiles" ]]; then

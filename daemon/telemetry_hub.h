@@ -1,0 +1,74 @@
+// daemon/telemetry_hub.h — where the control threads (the admin server's, the Prometheus
+// exposer's) meet the engine's telemetry: one TelemetryState behind one mutex, fed from the
+// engine's event ring and snapshots by whoever reads first (Pump), plus the engine's and the
+// transport's own counters, which any thread may read.
+//
+// The engine thread never touches the mutex: it only writes the ring and the snapshot buffers
+// (daemon/telemetry.h). Pumping is cheap (a ring drain and a pointer swap), so both readers pump
+// before they look: a scrape or a gradlanectl command sees events up to that moment.
+//
+// Thread rules: every method from any thread except the engine's.
+#ifndef GRADLANE_DAEMON_TELEMETRY_HUB_H_
+#define GRADLANE_DAEMON_TELEMETRY_HUB_H_
+
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "daemon/engine.h"
+#include "daemon/telemetry.h"
+#include "daemon/telemetry_state.h"
+#include "transport/transport.h"
+
+namespace gradlane::daemon {
+
+struct HubSources {
+  Telemetry* telemetry = nullptr;                              // required
+  std::function<EngineStats()> engine_stats;                   // optional
+  std::function<transport::TransportStats()> transport_stats;  // optional
+  // The NIC port's rate for utilization (bytes/s); 0: unknown (not exported).
+  double link_bytes_per_second = 0;
+  std::string version;
+  sched::TimeNs job_retention = 300 * sched::kSecond;
+};
+
+class TelemetryHub {
+ public:
+  explicit TelemetryHub(HubSources sources);
+
+  // Runs `f(state)` with the state up to date (ring drained, latest snapshot applied), under the
+  // hub's lock. `f` must not call back into the hub.
+  template <class F>
+  auto With(F&& f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    PumpLocked();
+    return f(state_);
+  }
+
+  EngineStats engine_stats() const {
+    return sources_.engine_stats ? sources_.engine_stats() : EngineStats{};
+  }
+  transport::TransportStats transport_stats() const {
+    return sources_.transport_stats ? sources_.transport_stats() : transport::TransportStats{};
+  }
+  uint64_t events_dropped() const { return sources_.telemetry->ring().dropped(); }
+  sched::TimeNs heartbeat() const { return sources_.telemetry->heartbeat(); }
+  const HubSources& sources() const { return sources_; }
+  sched::TimeNs started_at() const { return started_at_; }       // monotonic
+  double started_unix_seconds() const { return started_unix_; }  // wall clock
+
+ private:
+  void PumpLocked();
+
+  HubSources sources_;
+  sched::TimeNs started_at_;
+  double started_unix_;
+  std::mutex mu_;
+  TelemetryState state_;
+  std::vector<TelemetryEvent> scratch_;
+};
+
+}  // namespace gradlane::daemon
+
+#endif  // GRADLANE_DAEMON_TELEMETRY_HUB_H_
