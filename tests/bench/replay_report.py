@@ -43,7 +43,10 @@ def read_counters(path):
                     try:
                         out[parts[0]] = int(parts[1])
                     except ValueError:
-                        pass
+                        try:
+                            out[parts[0]] = int(float(parts[1]))
+                        except ValueError:
+                            pass
     except OSError:
         pass
     return out
