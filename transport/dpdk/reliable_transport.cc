@@ -504,14 +504,13 @@ bool ReliableTransport::SendNew(Conn& c, TimeNs now) {
     c.tx_off += len;
     if (last) {
       c.tx_started = false;
-      const uint64_t msg = c.msg_tx++;
+      ++c.msg_tx;
       c.msgs_sent = c.msg_tx;
       const FrameHeader& h = m.header;
       c.counters.bytes_sent.Add_st(h.length);
       c.counters.frames_sent.Add_st(1);
       counters_->bytes_sent.Add_st(h.length);
       counters_->frames_sent.Add_st(1);
-      (void)msg;
       handler_->OnSendDone_st(SendCompletion{HandleOf(c), m.cookie, h.key, h.iteration, h.offset, h.length});
       if (c.state != ConnState::kEstablished) return false;
     }
@@ -519,7 +518,7 @@ bool ReliableTransport::SendNew(Conn& c, TimeNs now) {
   return true;
 }
 
-void ReliableTransport::FillAckFields(Conn& c, DgramHeader& h, TimeNs) {
+void ReliableTransport::FillAckFields(Conn& c, DgramHeader& h) {
   h.ack = c.rcv_nxt;
   h.msg_ack = c.rx_msg_next;
   std::memcpy(h.sack, c.sack, sizeof(h.sack));
@@ -556,7 +555,7 @@ bool ReliableTransport::SendDataPacket(Conn& c, uint64_t seq) {
   const uint32_t rx_unacked = c.rx_unacked;
   const TimeNs due = c.ack_due_since;
   const bool ack_now = c.ack_now;
-  FillAckFields(c, head.dh, 0);
+  FillAckFields(c, head.dh);
   if (first) head.fh = m.header;
   const size_t head_bytes = kDgramHeaderBytes + (first ? kFrameHeaderBytes : 0);
   const bool ok = Transmit(c.addr, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&head), head_bytes),
@@ -583,7 +582,7 @@ void ReliableTransport::SendAck(Conn& c, bool probe) {
   if (probe) h.flags |= kPktAckNow;  // a keepalive: the peer answers at once
   const uint32_t rx_unacked = c.rx_unacked;
   const TimeNs due = c.ack_due_since;
-  FillAckFields(c, h, 0);
+  FillAckFields(c, h);
   if (Transmit(c.addr, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&h), sizeof(h)), {})) {
     counters_->pure_acks_sent.Add_st(1);
   } else {
@@ -605,7 +604,7 @@ bool ReliableTransport::SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, C
   h.src_conn = c != nullptr ? HandleOf(*c) : 0;
   h.credit = window_;
   h.payload_bytes = static_cast<uint32_t>(kFrameHeaderBytes + body_bytes);
-  if (c != nullptr && c->state == ConnState::kEstablished) FillAckFields(*c, h, 0);
+  if (c != nullptr && c->state == ConnState::kEstablished) FillAckFields(*c, h);
   std::memcpy(buf.data(), &h, sizeof(h));
   std::memcpy(buf.data() + sizeof(h), &fh, sizeof(fh));
   if (body_bytes > 0) std::memcpy(buf.data() + sizeof(h) + sizeof(fh), body, body_bytes);

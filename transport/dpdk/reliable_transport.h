@@ -197,7 +197,8 @@ class ReliableTransport final : public DatagramSink {
   bool SendNew(Conn& c, TimeNs now);
   bool SendDataPacket(Conn& c, uint64_t seq);
   void SendAck(Conn& c, bool probe);
-  void FillAckFields(Conn& c, DgramHeader& h, TimeNs now);
+  // Writes our receive state into `h`; it then counts as the acknowledgement owed.
+  void FillAckFields(Conn& c, DgramHeader& h);
   // A control datagram (hello/ok/reject/close): DgramHeader + FrameHeader + optional body.
   bool SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
                    const FrameHeader& fh, const void* body, size_t body_bytes);
