@@ -253,6 +253,10 @@ def main():
                 row["status"] = "failed: %s" % e
         else:
             row["status"] = "failed (see the messages above)"
+        if a.transport != "tcp":
+            # Not on TCP: no sockets to sample, no TCP counters (blank, not 0).
+            for c in ("sendq_kb", "sendq_ms", "recvq_kb", "retrans", "rto"):
+                row[c] = None
         if row["iteration_ms"] is not None:
             if row["ideal_ms"]:
                 row["ratio_to_ideal"] = row["iteration_ms"] / row["ideal_ms"]
