@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -105,6 +106,20 @@ bool PrefixBusy(const std::string& prefix) {
 
 void NoopFree(void*, void*) {}
 
+// Deletes the files EAL made in its runtime directory, then the directory if that left it empty.
+void RemoveRuntimeDir(const std::string& dir) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == "config" || name == "mp_socket" || name.rfind("fbarray_", 0) == 0 ||
+        name.rfind("mp_socket_", 0) == 0 || name.rfind("dpdk_telemetry", 0) == 0) {
+      std::filesystem::remove(e.path(), ec);
+    }
+  }
+  std::filesystem::remove(dir, ec);  // only if now empty
+}
+
 }  // namespace
 
 absl::Status ParseStaticArp(std::string_view spec) { return ParseArpList(spec).status(); }
@@ -126,6 +141,7 @@ struct DpdkPort::Impl {
   int tx_n = 0;
   uint16_t ip_id = 0;
   bool thread_registered = false;
+  std::string runtime_dir;  // EAL's directory for our file prefix ("" with --in-memory)
   struct Neighbour {
     uint32_t ip;
     rte_ether_addr mac;
@@ -218,7 +234,12 @@ DpdkPort::~DpdkPort() {
   rte_mempool_free(impl_->ext_pool);
   rte_mempool_free(impl_->tx_pool);
   rte_mempool_free(impl_->rx_pool);
-  // The EAL stays: DPDK cannot start it twice in one process.
+  // The EAL leaves its runtime directory (a few MB of tmpfs under /var/run/dpdk/PREFIX) behind;
+  // a daemon started per test or job would pile them up. Remove ours — only a directory named
+  // after the prefix this process chose, holding the files EAL makes — then stop the EAL (it
+  // cannot start again in this process).
+  rte_eal_cleanup();
+  RemoveRuntimeDir(impl_->runtime_dir);
 }
 
 uint32_t DpdkPort::max_datagram_bytes() const { return impl_->max_dgram; }
@@ -294,6 +315,28 @@ absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o, c
     return absl::UnavailableError(absl::StrCat("DPDK EAL failed to start (", rte_strerror(rte_errno),
                                                ") with: ", absl::StrJoin(args, " ")));
   }
+  {
+    // Remember the runtime directory only when it is named after a prefix given here.
+    std::string prefix;
+    for (const std::string& x : args) {
+      if (x.rfind("--file-prefix=", 0) == 0) prefix = x.substr(14);
+    }
+    const std::string dir = rte_eal_get_runtime_dir();
+    if (!prefix.empty() && dir.size() > prefix.size() + 1 &&
+        dir.compare(dir.size() - prefix.size() - 1, std::string::npos, "/" + prefix) == 0) {
+      impl->runtime_dir = dir;
+    }
+  }
+  // Past this point a failed start also stops the EAL and removes its runtime directory.
+  struct EalGuard {
+    Impl* impl;
+    bool armed = true;
+    ~EalGuard() {
+      if (!armed) return;
+      rte_eal_cleanup();
+      RemoveRuntimeDir(impl->runtime_dir);
+    }
+  } guard{impl.get()};
 
   // ---- port
   uint16_t port = RTE_MAX_ETHPORTS;
@@ -389,6 +432,7 @@ absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o, c
     return absl::InternalError(absl::StrCat("rte_eth_macaddr_get: ", rte_strerror(-rc)));
   }
   for (const auto& [aip, amac] : *arp) impl->neighbours.push_back(Impl::Neighbour{aip, amac, true, 0});
+  guard.armed = false;
   return std::unique_ptr<DpdkPort>(new DpdkPort(std::move(impl)));
 }
 
