@@ -59,7 +59,6 @@ ABSL_FLAG(double, dpdk_reorder_probability, 0, "dpdk fault injection: reorder wi
 ABSL_FLAG(double, dpdk_duplicate_probability, 0, "dpdk fault injection: duplicate with this probability");
 ABSL_FLAG(uint64_t, dpdk_fault_seed, 1, "dpdk fault injection: random seed");
 
-
 namespace gradlane::daemon {
 namespace {
 

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "absl/flags/parse.h"
@@ -27,7 +28,6 @@
 #include "daemon/ops.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/dpdk/dpdk_transport.h"
-#include <type_traits>
 
 namespace {
 
@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
           return t;
         }));
 #else
-    Die("--transport=dpdk: this gradlaned was built without DPDK");
+    Die("--transport=dpdk: this gradlaned was built without DPDK (meson -Ddpdk=enabled, libdpdk-dev)");
 #endif
   }
   return serve(Engine::Create(
