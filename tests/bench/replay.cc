@@ -21,8 +21,9 @@
 // Output: one line per iteration, then "gradlane-replay: mean X ms ..." (stdout); --csv FILE
 // writes iteration,time_ms,stall_ms,warmup,start_ns (start_ns: CLOCK_MONOTONIC at the start of
 // the iteration's forward pass — one clock for every process on the machine, network namespaces
-// included, so a harness can line the ranks up as the simulator does). Exit 0 on success, 1 on any error completion,
-// timeout or daemon failure (message on stderr), 2 on bad flags or a bad profile.
+// included, so a harness can line the ranks up as the simulator does: tests/bench/run-replay).
+// Exit 0 on success, 1 on any error completion, timeout or daemon failure (message on stderr),
+// 2 on bad flags or a bad profile.
 #include <sys/prctl.h>
 #include <time.h>
 
