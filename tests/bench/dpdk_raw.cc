@@ -5,9 +5,9 @@
 //
 //   dpdk_raw --vdev=net_af_packet0,iface=eth0,... --ip=A --peer=B --mode=send|recv|both
 //            [--seconds=4] [--mtu=9000] [--file_prefix=P] [--lcore=0] [--port=7620]
-// Prints one line: "dpdk_raw mode=... rx_gbps=X tx_gbps=Y" — rates of UDP payload bytes over the
-// measured window (the first and last half second are left out, so start-up skew between the two
-// hosts does not count).
+// Prints one line: "dpdk_raw mode=... rx_gbps=X tx_gbps=Y" — rates of UDP payload bytes: a
+// receiver over `seconds` − 1 s from half a second after its first datagram, a sender over its
+// run less the first and last half second.
 #include <time.h>
 
 #include <cstdio>
@@ -35,18 +35,28 @@ namespace {
 using gradlane::sched::TimeNs;
 namespace dp = gradlane::transport::dpdk;
 
+TimeNs sched_second() { return gradlane::sched::kSecond; }
+
 TimeNs Now() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<TimeNs>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
+// Receivers measure from half a second after the first datagram, for `window`, so a sender
+// started a little later (another process, another host) is measured at full speed only.
 struct Counter final : dp::DatagramSink {
   bool counting = true;
+  TimeNs window = 0;
   TimeNs from = 0, to = 0;
   uint64_t bytes = 0;
   void OnDatagram_st(const dp::Ipv4Endpoint&, std::span<const uint8_t> b, TimeNs now) override {
-    if (counting && now >= from && now < to) bytes += b.size();
+    if (!counting) return;
+    if (from == 0) {
+      from = now + 500 * gradlane::sched::kMillisecond;
+      to = from + window;
+    }
+    if (now >= from && now < to) bytes += b.size();
   }
 };
 
@@ -91,22 +101,24 @@ int main(int argc, char** argv) {
   const TimeNs end = start + secs;
   Counter rx;
   rx.counting = recv;
-  rx.from = start + 500 * gradlane::sched::kMillisecond;
-  rx.to = end - 500 * gradlane::sched::kMillisecond;
+  rx.window = secs - sched_second();
+  const TimeNs tx_from = start + 500 * gradlane::sched::kMillisecond, tx_to = end - 500 * gradlane::sched::kMillisecond;
   uint64_t tx_bytes = 0;
-  // Receivers keep reading a little past the window; senders stop at `end`.
-  const TimeNs stop = recv ? end + 300 * gradlane::sched::kMillisecond : end;
-  for (TimeNs now = start; now < stop; now = Now()) {
+  // A receiver runs until its window (which starts with the first datagram) is over, at most
+  // `seconds` + 10 s; a sender stops at `end`.
+  for (TimeNs now = start;; now = Now()) {
+    if (recv && (rx.to != 0 ? now >= rx.to : now >= end + 10 * gradlane::sched::kSecond)) break;
+    if (!recv && now >= end) break;
     (void)(*port)->Poll_st(&rx, now, 0);  // also answers and learns ARP
     if (send && now < end) {
       for (int i = 0; i < 32; ++i) {
         if (!(*port)->Send_st(to, head, body)) break;
-        if (now >= rx.from && now < rx.to) tx_bytes += dgram;
+        if (now >= tx_from && now < tx_to) tx_bytes += dgram;
       }
       (*port)->Flush_st();
     }
   }
-  const double window = static_cast<double>(rx.to - rx.from) / 1e9;
+  const double window = static_cast<double>(recv ? rx.window : tx_to - tx_from) / 1e9;
   std::printf("dpdk_raw mode=%s datagram=%u rx_gbps=%.3f tx_gbps=%.3f\n", mode.c_str(), dgram,
               static_cast<double>(rx.bytes) * 8 / window / 1e9, static_cast<double>(tx_bytes) * 8 / window / 1e9);
   return 0;
