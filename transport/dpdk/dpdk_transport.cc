@@ -378,8 +378,11 @@ absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o, c
   }
   const bool multi_seg = (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) != 0;
   impl->iova_va = rte_eal_iova_mode() == RTE_IOVA_VA;
-  // Virtual devices that copy from the mbuf's virtual address (af_packet) need no DMA mapping.
-  const bool reads_va = impl->driver == "net_af_packet" || impl->iova_va;
+  // Virtual devices that copy from the mbuf's virtual address need no DMA mapping. A NIC would
+  // DMA from the arena, which is not registered with the EAL (rte_extmem_register +
+  // rte_dev_dma_map are not done yet), so "auto" copies there; "on" is the operator's call.
+  const bool reads_va = impl->driver == "net_af_packet" || impl->driver == "net_memif" ||
+                        impl->driver == "net_ring" || impl->driver == "net_null";
   impl->zero_copy = o.zero_copy == "on" || (o.zero_copy == "auto" && multi_seg && reads_va);
   if (o.zero_copy == "on" && !multi_seg) {
     return absl::FailedPreconditionError(absl::StrCat("driver ", impl->driver, " cannot send chained mbufs: no zero-copy"));
