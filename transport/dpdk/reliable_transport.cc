@@ -229,38 +229,10 @@ absl::StatusOr<uint16_t> ReliableTransport::Listen_st() {
   return link_->local_endpoint().port;
 }
 
-int ReliableTransport::FindJob(uint64_t job_id) const {
-  for (size_t i = 0; i < jobs_.size(); ++i) {
-    if (jobs_[i].active && jobs_[i].creds.job_id == job_id) return static_cast<int>(i);
-  }
-  return -1;
-}
-
-absl::Status ReliableTransport::AddJob_st(const JobCredentials& job) {
-  if (job.token.size() > kMaxTokenBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("token longer than ", kMaxTokenBytes, " bytes"));
-  }
-  if (job.world_size == 0 || job.local_rank >= job.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", job.local_rank, " out of range for world size ",
-                                                   job.world_size));
-  }
-  const int j = FindJob(job.job_id);
-  if (j >= 0) {
-    jobs_[j].creds = job;
-    return absl::OkStatus();
-  }
-  for (Job& s : jobs_) {
-    if (!s.active) {
-      s = Job{true, job};
-      return absl::OkStatus();
-    }
-  }
-  jobs_.push_back(Job{true, job});
-  return absl::OkStatus();
-}
+absl::Status ReliableTransport::AddJob_st(const JobCredentials& job) { return jobs_.Add(job); }
 
 absl::Status ReliableTransport::RemoveJob_st(uint64_t job_id) {
-  const int j = FindJob(job_id);
+  const int j = jobs_.Find(job_id);
   if (j < 0) return absl::NotFoundError(absl::StrCat("job ", job_id, " is not registered"));
   for (uint32_t idx : std::vector<uint32_t>(active_)) {
     Conn& c = conns_[idx];
@@ -271,14 +243,14 @@ absl::Status ReliableTransport::RemoveJob_st(uint64_t job_id) {
     }
     Teardown(c, absl::CancelledError(absl::StrCat("job ", job_id, " removed")));
   }
-  jobs_[j].active = false;
+  jobs_.Deactivate(j);
   link_->Flush_st();
   return absl::OkStatus();
 }
 
 absl::StatusOr<PeerHandle> ReliableTransport::Connect_st(const JobCredentials& job, std::string_view address,
                                                          TimeNs now) {
-  const int j = FindJob(job.job_id);
+  const int j = jobs_.Find(job.job_id);
   if (j < 0) return absl::FailedPreconditionError(absl::StrCat("job ", job.job_id, " not added"));
   auto ep = ParseIpv4Endpoint(address);
   if (!ep.ok()) return ep.status();
@@ -300,7 +272,7 @@ void ReliableTransport::Disconnect_st(PeerHandle peer, TimeNs) {
   Conn* c = Lookup(peer);
   if (c == nullptr || c->state == ConnState::kDead) return;
   if (c->state == ConnState::kEstablished) {
-    const Job& job = jobs_[c->job_index];
+    const JobTable::Entry& job = jobs_[c->job_index];
     SendError(c->addr, c->remote_conn, c, DgramType::kClose, job.creds.job_id, job.creds.local_rank,
               WireError::kShutdown, "disconnected");
     link_->Flush_st();
@@ -335,7 +307,7 @@ absl::Status ReliableTransport::PostSend_st(PeerHandle peer, const SendSpec& spe
   if (c->msg_post - c->msg_acked > c->send_mask) {
     return absl::ResourceExhaustedError("too many sends pending for this peer");
   }
-  const Job& job = jobs_[c->job_index];
+  const JobTable::Entry& job = jobs_[c->job_index];
   if (!c->HasPending()) c->restart_progress = true;  // the silence before this post is no stall
   Conn::PendingSend& s = c->Send(c->msg_post);
   s.header = MakeDataHeader(job.creds.job_id, job.creds.local_rank, spec);
@@ -776,7 +748,7 @@ void ReliableTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh,
       return;
     }
   }
-  const int j = FindJob(fh.job_id);
+  const int j = jobs_.Find(fh.job_id);
   if (j < 0) return reject(WireError::kUnknownJob, absl::StrCat("job ", fh.job_id, " is not registered on this daemon"));
   const JobCredentials& job = jobs_[j].creds;
   const std::span<const uint8_t> given(b.token, b.token_bytes);
@@ -1035,7 +1007,7 @@ bool ReliableTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t 
 void ReliableTransport::Refuse(Conn& c, WireError code, const absl::Status& why) {
   if (code != WireError::kShutdown) CountError(code);
   if (c.state == ConnState::kEstablished || c.state == ConnState::kHelloSent) {
-    const Job& job = jobs_[c.job_index];
+    const JobTable::Entry& job = jobs_[c.job_index];
     if (c.remote_conn != 0) {
       SendError(c.addr, c.remote_conn, &c, DgramType::kClose, job.creds.job_id, job.creds.local_rank, code,
                 std::string_view(why.message().data(), why.message().size()));

@@ -42,6 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "transport/dpdk/reliable_wire.h"
+#include "transport/job_table.h"
 #include "transport/transport.h"
 
 namespace gradlane::transport::dpdk {
@@ -168,10 +169,6 @@ class ReliableTransport final : public DatagramSink {
 
  private:
   struct Conn;
-  struct Job {
-    bool active = false;
-    JobCredentials creds;
-  };
 
   ReliableTransport(const TransportOptions& options, const ReliableOptions& reliable,
                     DatagramLink* link, TransportHandler* handler);
@@ -180,7 +177,6 @@ class ReliableTransport final : public DatagramSink {
   PeerHandle HandleOf(const Conn& c) const;
   PeerInfo InfoOf(const Conn& c) const;
   Conn* AllocConn();
-  int FindJob(uint64_t job_id) const;
 
   void OnHello(const Ipv4Endpoint& from, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now);
   void OnHelloOk(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now);
@@ -227,7 +223,7 @@ class ReliableTransport final : public DatagramSink {
   std::vector<uint32_t> free_slots_;
   std::vector<uint32_t> dead_slots_;
   std::vector<uint32_t> active_;  // slots in use (any state but free)
-  std::vector<Job> jobs_;
+  JobTable jobs_;
   std::vector<RegisteredRegion> regions_;
   // Fault injection: one datagram held back for reordering.
   uint64_t fault_count_ = 0;

@@ -113,50 +113,23 @@ absl::StatusOr<uint16_t> TcpTransport::Listen_st() {
   return listen_port_;
 }
 
-absl::Status TcpTransport::AddJob_st(const JobCredentials& job) {
-  if (job.token.size() > kMaxTokenBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("auth token of job ", job.job_id, " is longer than ", kMaxTokenBytes, " bytes"));
-  }
-  if (job.world_size == 0 || job.local_rank >= job.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("job ", job.job_id, ": rank ", job.local_rank,
-                                                   " out of range for world size ", job.world_size));
-  }
-  if (FindJob(job.job_id) >= 0) {
-    return absl::AlreadyExistsError(absl::StrCat("job ", job.job_id, " already added"));
-  }
-  for (Job& j : jobs_) {
-    if (!j.active) {
-      j = Job{true, job};
-      return absl::OkStatus();
-    }
-  }
-  jobs_.push_back(Job{true, job});
-  return absl::OkStatus();
-}
+absl::Status TcpTransport::AddJob_st(const JobCredentials& job) { return jobs_.Add(job); }
 
 absl::Status TcpTransport::RemoveJob_st(uint64_t job_id) {
-  const int j = FindJob(job_id);
+  const int j = jobs_.Find(job_id);
   if (j < 0) return absl::NotFoundError(absl::StrCat("job ", job_id, " not added"));
   for (Connection& c : conns_) {
     if (c.state != ConnState::kFree && c.state != ConnState::kDead && c.job_index == j) {
       Teardown(c, absl::CancelledError(absl::StrCat("job ", job_id, " removed")));
     }
   }
-  jobs_[j].active = false;
+  jobs_.Deactivate(j);
   return absl::OkStatus();
-}
-
-int TcpTransport::FindJob(uint64_t job_id) const {
-  for (size_t i = 0; i < jobs_.size(); ++i) {
-    if (jobs_[i].active && jobs_[i].creds.job_id == job_id) return static_cast<int>(i);
-  }
-  return -1;
 }
 
 absl::StatusOr<PeerHandle> TcpTransport::Connect_st(const JobCredentials& job,
                                                     std::string_view address, TimeNs now) {
-  const int j = FindJob(job.job_id);
+  const int j = jobs_.Find(job.job_id);
   if (j < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job.job_id, " must be added (AddJob_st) before connecting"));
@@ -225,7 +198,7 @@ absl::Status TcpTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
       ResolveSendPayload(regions_, spec, options_.max_segment_bytes);
   if (!payload.ok()) return payload.status();
   const bool was_idle = !c->HasPending();
-  const Job& job = jobs_[c->job_index];
+  const JobTable::Entry& job = jobs_[c->job_index];
   PendingSend& s = c->Slot(c->post_idx);
   s.header = MakeDataHeader(job.creds.job_id, job.creds.local_rank, spec);
   s.header.seq = static_cast<uint32_t>(c->post_idx);
@@ -444,7 +417,7 @@ bool TcpTransport::OnBody(Connection& c, TimeNs now) {
       Refuse(c, FrameType::kReject, e, absl::InvalidArgumentError("malformed hello body"), now);
       return false;
     }
-    const int j = FindJob(h.job_id);
+    const int j = jobs_.Find(h.job_id);
     if (j < 0) {
       Refuse(c, FrameType::kReject, WireError::kUnknownJob,
              absl::NotFoundError(absl::StrCat("job ", h.job_id, " is not registered on this daemon")), now);
@@ -503,7 +476,7 @@ bool TcpTransport::OnPayloadDone(Connection& c, TimeNs now) {
   c.rx_got = 0;
   c.rx_state = RxState::kHeader;
   const FrameHeader& h = c.rx_header;
-  const Job& job = jobs_[c.job_index];
+  const JobTable::Entry& job = jobs_[c.job_index];
   const bool accepted = c.rx_target.accept;
   if (accepted) {
     c.counters.bytes_received.Add_st(h.length);

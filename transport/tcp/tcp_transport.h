@@ -31,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "transport/tcp/connection.h"
+#include "transport/job_table.h"
 #include "transport/transport.h"
 
 namespace gradlane::transport::tcp {
@@ -93,10 +94,6 @@ class TcpTransport final {
   PeerStats PeerStatsOf(PeerHandle peer) const;
 
  private:
-  struct Job {
-    bool active = false;
-    JobCredentials creds;
-  };
   using Region = RegisteredRegion;
   struct Counters {
     std::array<StatCounter, kWireErrorCount> errors;
@@ -115,7 +112,6 @@ class TcpTransport final {
   // Before an accept: if max_unauthenticated connections still owe their hello, closes the
   // one accepted first.
   void EvictOldestUnauthenticatedIfFull();
-  int FindJob(uint64_t job_id) const;
 
   void AcceptAll(TimeNs now);
   void StartAttempt(Connection& c, TimeNs now);
@@ -160,7 +156,7 @@ class TcpTransport final {
   std::vector<uint32_t> dead_slots_;
   std::vector<uint32_t> dirty_;
   std::vector<epoll_event> events_;
-  std::vector<Job> jobs_;
+  JobTable jobs_;
   std::vector<Region> regions_;
   std::vector<uint8_t> discard_;  // sink for payloads the engine rejected
   Counters counters_;

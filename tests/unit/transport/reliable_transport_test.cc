@@ -240,6 +240,9 @@ TEST_F(ReliableTest, JumboDatagramsCarryMorePerPacket) {
 
 TEST_F(ReliableTest, WrongTokenIsRejected) {
   Make();
+  // Re-registering a served job id is refused (as over TCP): replace the job's credentials.
+  EXPECT_EQ(a->transport->AddJob_st(Job(0, "wrong")).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(a->transport->RemoveJob_st(Job(0).job_id).ok());
   ASSERT_TRUE(a->transport->AddJob_st(Job(0, "wrong")).ok());
   auto h = a->transport->Connect_st(Job(0, "wrong"), "10.0.0.2:7610", pipe.now);
   ASSERT_TRUE(h.ok());
@@ -257,6 +260,7 @@ TEST_F(ReliableTest, UnknownJobAndBadRankAreRejected) {
   ASSERT_TRUE(RunUntil([&] { return !a->handler.down.empty(); }));
   EXPECT_EQ(a->handler.down[0].second.code(), absl::StatusCode::kNotFound);
   // Same rank as the acceptor.
+  ASSERT_TRUE(a->transport->RemoveJob_st(Job(1).job_id).ok());
   ASSERT_TRUE(a->transport->AddJob_st(Job(1)).ok());
   ASSERT_TRUE(a->transport->Connect_st(Job(1), "10.0.0.2:7610", pipe.now).ok());
   ASSERT_TRUE(RunUntil([&] { return a->handler.down.size() == 2; }));
