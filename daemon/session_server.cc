@@ -275,7 +275,10 @@ void SessionServer::AcceptorLoop() {
           pending_.clear();
           return;
         case kListener:
-          AcceptAll(now);
+          if (!AcceptAll(now)) {
+            // Out of descriptors or memory: the backlog keeps the clients waiting meanwhile.
+            ::usleep(10000);
+          }
           break;
         case kPending:
           HandlePending(TokenId(t), rx);
@@ -297,10 +300,14 @@ void SessionServer::AcceptorLoop() {
   }
 }
 
-void SessionServer::AcceptAll(sched::TimeNs now) {
+bool SessionServer::AcceptAll(sched::TimeNs now) {
   for (;;) {
     const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;  // EAGAIN, or a transient error: the listener stays readable if not
+    if (fd < 0) {
+      // EAGAIN: drained. Anything else (out of descriptors, out of memory) leaves the listener
+      // readable: the caller must pause, or the acceptor thread would spin on it.
+      return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED;
+    }
     if (pending_.size() >= options_.max_pending) {
       // Someone is opening connections without saying hello: do not let them pile up.
       ::close(fd);

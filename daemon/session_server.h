@@ -136,7 +136,8 @@ class SessionServer {
   // Acceptor thread.
   void AcceptorLoop();
   void AcceptorWatch(int fd, uint64_t token, uint32_t events);
-  void AcceptAll(sched::TimeNs now);
+  // False when accept failed for a reason other than an empty backlog (EMFILE, ENOMEM).
+  bool AcceptAll(sched::TimeNs now);
   void HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf);
   void RejectHandshake(Pending& p, uint64_t request_id, gl_status status, const std::string& why);
   void HandleSessionSocket(uint64_t session_id, uint32_t events);
