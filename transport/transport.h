@@ -253,6 +253,45 @@ struct TransportStats {
   }
 };
 
+// The counters behind PeerStats / TransportStats, shared by every backend: written by the
+// engine thread only (StatCounter), snapshotted from any thread.
+struct PeerCounters {
+  StatCounter bytes_sent, bytes_received, frames_sent, frames_received, acks_sent, acks_received,
+      sends_failed;
+  void Reset_st() {
+    for (StatCounter* c : {&bytes_sent, &bytes_received, &frames_sent, &frames_received,
+                           &acks_sent, &acks_received, &sends_failed}) {
+      c->Reset_st();
+    }
+  }
+  PeerStats Snapshot() const {
+    return PeerStats{bytes_sent.Get(), bytes_received.Get(), frames_sent.Get(),
+                     frames_received.Get(), acks_sent.Get(),  acks_received.Get(),
+                     sends_failed.Get()};
+  }
+};
+
+struct TransportCounters {
+  std::array<StatCounter, kWireErrorCount> errors;
+  StatCounter connect_attempts, connect_retries, peers_up, peers_down, peer_resets,
+      peer_timeouts, accepts_refused, unauthenticated_evicted;
+  PeerCounters total;
+  TransportStats Snapshot() const {
+    TransportStats s;
+    for (size_t i = 0; i < kWireErrorCount; ++i) s.errors[i] = errors[i].Get();
+    s.connect_attempts = connect_attempts.Get();
+    s.connect_retries = connect_retries.Get();
+    s.peers_up = peers_up.Get();
+    s.peers_down = peers_down.Get();
+    s.peer_resets = peer_resets.Get();
+    s.peer_timeouts = peer_timeouts.Get();
+    s.accepts_refused = accepts_refused.Get();
+    s.unauthenticated_evicted = unauthenticated_evicted.Get();
+    s.total = total.Snapshot();
+    return s;
+  }
+};
+
 // What the engine needs from a backend. Control ops return absl::Status; the data path
 // (PostSend_st, Progress_st) is non-virtual on every backend.
 template <class T>

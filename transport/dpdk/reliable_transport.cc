@@ -66,29 +66,11 @@ std::string FormatEndpoint(const Ipv4Endpoint& e) { return absl::StrCat(FormatIp
 
 // ---- state ------------------------------------------------------------------------------------
 
-struct ReliableTransport::Counters {
-  std::array<StatCounter, kWireErrorCount> errors;
-  StatCounter connect_attempts, connect_retries, peers_up, peers_down, peer_resets, peer_timeouts,
-      accepts_refused;
-  StatCounter bytes_sent, bytes_received, frames_sent, frames_received, acks_sent, acks_received,
-      sends_failed;
+struct ReliableTransport::Counters : TransportCounters {
   StatCounter datagrams_sent, datagrams_received, data_packets_sent, retransmits, timeouts,
       duplicates, out_of_order, beyond_credit, pure_acks_sent, stray, injected_drops,
       injected_reorders, injected_duplicates, link_full;
 };
-
-namespace {
-struct PeerCounters {
-  StatCounter bytes_sent, bytes_received, frames_sent, frames_received, acks_sent, acks_received,
-      sends_failed;
-  void Reset_st() {
-    for (StatCounter* s : {&bytes_sent, &bytes_received, &frames_sent, &frames_received, &acks_sent,
-                           &acks_received, &sends_failed}) {
-      s->Reset_st();
-    }
-  }
-};
-}  // namespace
 
 enum class ConnState : uint8_t { kFree, kHelloSent, kEstablished, kDead };
 
@@ -481,8 +463,8 @@ bool ReliableTransport::SendNew(Conn& c, TimeNs now) {
       const FrameHeader& h = m.header;
       c.counters.bytes_sent.Add_st(h.length);
       c.counters.frames_sent.Add_st(1);
-      counters_->bytes_sent.Add_st(h.length);
-      counters_->frames_sent.Add_st(1);
+      counters_->total.bytes_sent.Add_st(h.length);
+      counters_->total.frames_sent.Add_st(1);
       handler_->OnSendDone_st(SendCompletion{HandleOf(c), m.cookie, h.key, h.iteration, h.offset, h.length});
       if (c.state != ConnState::kEstablished) return false;
     }
@@ -878,10 +860,10 @@ bool ReliableTransport::OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now) 
                               s.header.length};
     c.last_progress = now;
     c.counters.acks_received.Add_st(1);
-    counters_->acks_received.Add_st(1);
+    counters_->total.acks_received.Add_st(1);
     if (BitTest(dh.rejected, m)) {
       c.counters.sends_failed.Add_st(1);
-      counters_->sends_failed.Add_st(1);
+      counters_->total.sends_failed.Add_st(1);
       handler_->OnSendFailed_st(done, absl::FailedPreconditionError(absl::StrFormat(
                                           "peer rank %d had no destination for key %d iteration %d",
                                           c.peer_rank, done.key, done.iteration)));
@@ -990,12 +972,12 @@ bool ReliableTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t 
   ++c.rx_msg_next;
   c.ack_now = true;  // the sender's credit returns on this
   c.counters.acks_sent.Add_st(1);
-  counters_->acks_sent.Add_st(1);
+  counters_->total.acks_sent.Add_st(1);
   if (accepted) {
     c.counters.bytes_received.Add_st(h.length);
     c.counters.frames_received.Add_st(1);
-    counters_->bytes_received.Add_st(h.length);
-    counters_->frames_received.Add_st(1);
+    counters_->total.bytes_received.Add_st(h.length);
+    counters_->total.frames_received.Add_st(1);
     handler_->OnRecvDone_st(InfoOf(c), h, c.rx_target, now);
     if (c.state != ConnState::kEstablished) return false;
   }
@@ -1029,7 +1011,7 @@ void ReliableTransport::FailPendingAndReportDown(Conn& c, const absl::Status& wh
   while (c.msg_acked != c.msg_post) {
     const Conn::PendingSend& s = c.Send(c.msg_acked++);
     c.counters.sends_failed.Add_st(1);
-    counters_->sends_failed.Add_st(1);
+    counters_->total.sends_failed.Add_st(1);
     handler_->OnSendFailed_st(
         SendCompletion{HandleOf(c), s.cookie, s.header.key, s.header.iteration, s.header.offset, s.header.length},
         why);
@@ -1123,30 +1105,14 @@ PeerInfo ReliableTransport::InfoOf(const Conn& c) const {
 
 // ---- stats ------------------------------------------------------------------------------------
 
-TransportStats ReliableTransport::Stats() const {
-  const Counters& k = *counters_;
-  TransportStats s;
-  for (size_t i = 0; i < kWireErrorCount; ++i) s.errors[i] = k.errors[i].Get();
-  s.connect_attempts = k.connect_attempts.Get();
-  s.connect_retries = k.connect_retries.Get();
-  s.peers_up = k.peers_up.Get();
-  s.peers_down = k.peers_down.Get();
-  s.peer_resets = k.peer_resets.Get();
-  s.peer_timeouts = k.peer_timeouts.Get();
-  s.accepts_refused = k.accepts_refused.Get();
-  s.total = PeerStats{k.bytes_sent.Get(), k.bytes_received.Get(), k.frames_sent.Get(), k.frames_received.Get(),
-                      k.acks_sent.Get(), k.acks_received.Get(), k.sends_failed.Get()};
-  return s;
-}
+TransportStats ReliableTransport::Stats() const { return counters_->Snapshot(); }
 
 PeerStats ReliableTransport::PeerStatsOf(PeerHandle peer) const {
   const uint32_t idx = peer & kIndexMask;
   if (idx >= conns_.size()) return PeerStats{};
   const Conn& c = conns_[idx];
   if (c.generation.load(std::memory_order_relaxed) != (peer >> kIndexBits)) return PeerStats{};
-  const PeerCounters& k = c.counters;
-  return PeerStats{k.bytes_sent.Get(), k.bytes_received.Get(), k.frames_sent.Get(), k.frames_received.Get(),
-                   k.acks_sent.Get(), k.acks_received.Get(), k.sends_failed.Get()};
+  return c.counters.Snapshot();
 }
 
 ReliableStats ReliableTransport::ReliableStatsNow() const {

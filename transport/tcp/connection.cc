@@ -5,25 +5,6 @@
 
 namespace gradlane::transport::tcp {
 
-void PeerCounters::Reset_st() {
-  for (StatCounter* c : {&bytes_sent, &bytes_received, &frames_sent, &frames_received, &acks_sent,
-                         &acks_received, &sends_failed}) {
-    c->Reset_st();
-  }
-}
-
-PeerStats PeerCounters::Snapshot() const {
-  PeerStats s;
-  s.bytes_sent = bytes_sent.Get();
-  s.bytes_received = bytes_received.Get();
-  s.frames_sent = frames_sent.Get();
-  s.frames_received = frames_received.Get();
-  s.acks_sent = acks_sent.Get();
-  s.acks_received = acks_received.Get();
-  s.sends_failed = sends_failed.Get();
-  return s;
-}
-
 void Connection::Init(uint32_t pending_capacity) {
   const uint64_t cap = std::bit_ceil<uint64_t>(pending_capacity == 0 ? 1 : pending_capacity);
   ring.assign(cap, PendingSend{});

@@ -47,13 +47,6 @@ struct PendingSend {
   uint64_t cookie;
 };
 
-struct PeerCounters {
-  StatCounter bytes_sent, bytes_received, frames_sent, frames_received, acks_sent, acks_received,
-      sends_failed;
-  void Reset_st();
-  PeerStats Snapshot() const;
-};
-
 class Connection {
  public:
   // Control bytes owed at once. Acks dominate: we owe at most one per frame the peer has in

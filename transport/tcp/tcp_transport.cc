@@ -862,20 +862,7 @@ PeerInfo TcpTransport::InfoOf(const Connection& c) const {
 
 // ---- stats ------------------------------------------------------------------------------------
 
-TransportStats TcpTransport::Stats() const {
-  TransportStats s;
-  for (size_t i = 0; i < kWireErrorCount; ++i) s.errors[i] = counters_.errors[i].Get();
-  s.connect_attempts = counters_.connect_attempts.Get();
-  s.connect_retries = counters_.connect_retries.Get();
-  s.peers_up = counters_.peers_up.Get();
-  s.peers_down = counters_.peers_down.Get();
-  s.peer_resets = counters_.peer_resets.Get();
-  s.peer_timeouts = counters_.peer_timeouts.Get();
-  s.accepts_refused = counters_.accepts_refused.Get();
-  s.unauthenticated_evicted = counters_.unauthenticated_evicted.Get();
-  s.total = counters_.total.Snapshot();
-  return s;
-}
+TransportStats TcpTransport::Stats() const { return counters_.Snapshot(); }
 
 PeerStats TcpTransport::PeerStatsOf(PeerHandle peer) const {
   // Any thread: only atomics are read (the generation check, then the counters). A slot

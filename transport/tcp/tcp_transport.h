@@ -95,12 +95,7 @@ class TcpTransport final {
 
  private:
   using Region = RegisteredRegion;
-  struct Counters {
-    std::array<StatCounter, kWireErrorCount> errors;
-    StatCounter connect_attempts, connect_retries, peers_up, peers_down, peer_resets,
-        peer_timeouts, accepts_refused, unauthenticated_evicted;
-    PeerCounters total;
-  };
+  using Counters = TransportCounters;
 
   TcpTransport(const TransportOptions& options, TransportHandler* handler);
   absl::Status Init();
