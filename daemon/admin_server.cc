@@ -200,6 +200,7 @@ json AdminCommand(TelemetryHub& hub, const AdminOptions& options, const json& re
                   {"segments_received", es.segments_received},
                   {"segments_rejected", es.segments_rejected},
                   {"rounds_reduced", es.rounds_reduced},
+                  {"rounds_folded", es.rounds_folded},
                   {"transport_bytes_sent", ts.total.bytes_sent},
                   {"transport_bytes_received", ts.total.bytes_received},
                   {"peers_up", ts.peers_up},

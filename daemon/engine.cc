@@ -89,6 +89,7 @@ EngineStats Engine<T>::Stats() const {
   s.segments_received = counters_.segments_received.Get();
   s.segments_rejected = counters_.segments_rejected.Get();
   s.rounds_reduced = counters_.rounds_reduced.Get();
+  s.rounds_folded = counters_.rounds_folded.Get();
   s.manifest_mismatches = counters_.manifest_mismatches.Get();
   s.arena_aliases = counters_.arena_aliases.Get();
   s.tuner_trials = counters_.tuner_trials.Get();
@@ -687,7 +688,7 @@ RecvTarget Engine<T>::ResolveRecv_st(const transport::PeerInfo& peer,
   if (p == nullptr) return reject();
   const JobTensor& t = job->tensors[tid];
   if (h.dtype != static_cast<uint8_t>(t.spec.dtype) || h.length % sched::DTypeBytes(t.spec.dtype) != 0 ||
-      h.offset + h.length > p->offset + p->length) {
+      h.offset % sched::DTypeBytes(t.spec.dtype) != 0 || h.offset + h.length > p->offset + p->length) {
     return reject();
   }
   if (h.direction == static_cast<uint8_t>(sched::Direction::kPush)) {
@@ -695,9 +696,15 @@ RecvTarget Engine<T>::ResolveRecv_st(const transport::PeerInfo& peer,
     OwnedPart& o = job->owned[p->owned];
     if (!ShardAccept_st(*job, o, r, h.iteration, h.length)) return reject();
     o.priority = std::min<sched::Priority>(o.priority, h.priority);
-    return RecvTarget::Into(job->slab_region,
-                            o.slab_offset + uint64_t{r} * p->length + (h.offset - p->offset),
-                            cookie);
+    const uint64_t slot_offset = o.slab_offset + uint64_t{r} * p->length + (h.offset - p->offset);
+    if constexpr (transport::kHandsOverPieces<T>) {
+      const bool first_of_round = job->owned_got[static_cast<size_t>(p->owned) * job->world + r] == h.length;
+      if (o.folding_rank == static_cast<int32_t>(r) || (first_of_round && CanFold_st(*job, o))) {
+        o.folding_rank = static_cast<int32_t>(r);
+        return RecvTarget::Pieces(job->slab_region, slot_offset, cookie);
+      }
+    }
+    return RecvTarget::Into(job->slab_region, slot_offset, cookie);
   }
   // A pull response: only from the partition's shard, for the round we wait for.
   if (p->owner != r || p->iteration != h.iteration || p->posted != p->length ||

@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,7 @@ struct EngineStats {
   uint64_t segments_received = 0;
   uint64_t segments_rejected = 0;  // frames that did not fit the job (counted, refused)
   uint64_t rounds_reduced = 0;
+  uint64_t rounds_folded = 0;      // of those, reduced piece by piece as the last rank's bytes came in
   uint64_t manifest_mismatches = 0;
   uint64_t arena_aliases = 0;      // client arenas currently mapped by the engine
   uint64_t tuner_trials = 0;
@@ -133,13 +135,17 @@ class Engine final : public PostSink, public transport::TransportHandler {
   void OnSendFailed_st(const transport::SendCompletion& send, const absl::Status& why) override;
   transport::RecvTarget ResolveRecv_st(const transport::PeerInfo& peer,
                                        const transport::FrameHeader& header) override;
+  void OnRecvPiece_st(const transport::PeerInfo& peer, const transport::FrameHeader& header,
+                      const transport::RecvTarget& target, uint64_t segment_offset,
+                      std::span<const uint8_t> bytes) override;
   void OnRecvDone_st(const transport::PeerInfo& peer, const transport::FrameHeader& header,
                      const transport::RecvTarget& target, sched::TimeNs now) override;
 
  private:
   struct Counters {
     transport::StatCounter jobs_active, jobs_failed, jobs_released, posts_completed, posts_failed,
-        segments_sent, segments_received, segments_rejected, rounds_reduced, manifest_mismatches,
+        segments_sent, segments_received, segments_rejected, rounds_reduced, rounds_folded,
+        manifest_mismatches,
         arena_aliases, tuner_trials;
   };
   struct Tuner;
@@ -170,6 +176,13 @@ class Engine final : public PostSink, public transport::TransportHandler {
   bool ShardAccept_st(Job& job, OwnedPart& o, uint32_t rank, int64_t iteration, uint64_t length);
   void ShardRankDone_st(Job& job, OwnedPart& o);
   void TryReduce_st(Job& job, OwnedPart& o);
+  // Whether rank `rank`'s pushes of this round can be folded in as they arrive: every other
+  // contribution is complete and the result slot is free (see OwnedPart::folding_rank).
+  bool CanFold_st(const Job& job, const OwnedPart& o) const;
+  // result[off, off+bytes) = the rank-ordered reduction with rank `rank`'s values read from
+  // `src`, written to the result slot and to the local arena, as TryReduce_st would.
+  void FoldRange_st(Job& job, OwnedPart& o, uint32_t rank, uint64_t offset, uint64_t bytes,
+                    const std::byte* src);
   // Scheduling.
   int RunPolicy_st(Job& job, sched::TimeNs now);
   // Posts segments [from, end) of job.dispatch (Dispatch record d). False when it stopped: the

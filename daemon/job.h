@@ -113,6 +113,12 @@ struct OwnedPart {
   uint32_t ranks_complete = 0;
   uint64_t pulls_pending = 0;  // bytes of pull sends from the result slot not yet acked
   bool reduce_deferred = false;
+  // The rank whose pushes this round are folded into the result piece by piece as they arrive
+  // (a backend with kHandsOverPieces), -1 if none. Chosen at that rank's first segment of the
+  // round, and only when every other contribution is already complete and no pull still reads
+  // the result slot, so the reduction of each piece has all it needs and the end-of-round
+  // reduction is already done. Its bytes never touch its slot except split elements.
+  int32_t folding_rank = -1;
   sched::Priority priority = 0;
 };
 

@@ -141,6 +141,14 @@ int main(int argc, char** argv) {
     gradlane::daemon::LogLine(absl::StrCat("signal ", sig, ": shutting down"));
     stop.store(true, std::memory_order_release);
     engine_thread.join();  // Run() ends with Shutdown_st: posts failed, sessions closed, unmapped
+    {
+      // One line for the log (and the integration tests): what this run did.
+      const gradlane::daemon::EngineStats es = e->Stats();
+      gradlane::daemon::LogLine(absl::StrCat(
+          "engine stats: posts_completed=", es.posts_completed, " posts_failed=", es.posts_failed,
+          " segments_sent=", es.segments_sent, " segments_received=", es.segments_received,
+          " rounds_reduced=", es.rounds_reduced, " rounds_folded=", es.rounds_folded));
+    }
     ops->reset();          // admin and metrics threads read the engine's counters
     engine->reset();
     return 0;

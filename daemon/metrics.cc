@@ -146,6 +146,13 @@ std::vector<MetricFamily> CollectMetrics(TelemetryHub& hub) {
     fs.Counter(f, {}, static_cast<double>(es.rounds_reduced));
   }
   {
+    MetricFamily& f = fs.Family("gradlane_rounds_folded_total",
+                                "shard rounds whose last contribution was reduced packet by packet "
+                                "as it arrived (kernel-bypass transports), of rounds_reduced",
+                                MetricType::Counter);
+    fs.Counter(f, {}, static_cast<double>(es.rounds_folded));
+  }
+  {
     MetricFamily& f =
         fs.Family("gradlane_transport_sent_bytes_total",
                   "payload bytes the transport handed to the kernel, all frames (data and control)",

@@ -1,5 +1,6 @@
 // daemon/ps_role.cc — the engine's co-located parameter-server shard: rounds per owned partition,
-// rank-ordered reduction once all W contributions are in, pull responses by priority.
+// rank-ordered reduction once all W contributions are in (or piece by piece as the last one
+// arrives, on transports that hand packets over), pull responses by priority.
 #include "daemon/engine.h"
 
 #include <algorithm>
@@ -35,6 +36,7 @@ bool Engine<T>::ShardAccept_st(Job& job, OwnedPart& o, uint32_t rank, int64_t it
                                    p.length, 0, SessionServer::MonotonicNow()});
     }
     o.ranks_complete = 0;
+    o.folding_rank = -1;
     o.priority = std::numeric_limits<sched::Priority>::max();
     std::fill(got, got + job.world, 0);
   }
@@ -58,20 +60,26 @@ void Engine<T>::TryReduce_st(Job& job, OwnedPart& o) {
   o.reduce_deferred = false;
   Part& p = job.parts[o.part];
   const JobTensor& t = job.tensors[p.tensor];
-  const std::byte* contributions[ps::kMaxWorldSize];
-  std::byte* slots = job.slab.get() + o.slab_offset;
-  std::byte* local = reinterpret_cast<std::byte*>(job.arena + t.arena_offset + p.offset);
-  for (uint32_t r = 0; r < job.world; ++r) {
-    contributions[r] = r == job.rank ? local : slots + uint64_t{r} * p.length;
+  if (o.folding_rank >= 0) {
+    // Every piece was reduced as it arrived (FoldRange_st): the result is in place.
+    counters_.rounds_folded.Add_st(1);
+  } else {
+    const std::byte* contributions[ps::kMaxWorldSize];
+    std::byte* slots = job.slab.get() + o.slab_offset;
+    std::byte* local = reinterpret_cast<std::byte*>(job.arena + t.arena_offset + p.offset);
+    for (uint32_t r = 0; r < job.world; ++r) {
+      contributions[r] = r == job.rank ? local : slots + uint64_t{r} * p.length;
+    }
+    std::byte* out = slots + uint64_t{job.rank} * p.length;
+    absl::Status s = ps::ReduceInRankOrder(
+        t.spec.dtype, absl::MakeConstSpan(contributions, job.world), p.length, job.reduce, out);
+    if (!s.ok()) {
+      FailJob_st(job, GL_E_INTERNAL, absl::StrCat("job ", job.info.job_id, ": reduce: ", s.message()));
+      return;
+    }
+    std::memcpy(local, out, p.length);
   }
-  std::byte* out = slots + uint64_t{job.rank} * p.length;
-  absl::Status s = ps::ReduceInRankOrder(
-      t.spec.dtype, absl::MakeConstSpan(contributions, job.world), p.length, job.reduce, out);
-  if (!s.ok()) {
-    FailJob_st(job, GL_E_INTERNAL, absl::StrCat("job ", job.info.job_id, ": reduce: ", s.message()));
-    return;
-  }
-  std::memcpy(local, out, p.length);
+  o.folding_rank = -1;
   o.reduced = true;
   ++job.rounds_reduced;
   counters_.rounds_reduced.Add_st(1);
@@ -107,7 +115,71 @@ void Engine<T>::TryReduce_st(Job& job, OwnedPart& o) {
   PartResultReady_st(job, o.part);
 }
 
+template <class T>
+bool Engine<T>::CanFold_st(const Job& job, const OwnedPart& o) const {
+  // The sender is still sending, so it is not among the complete ranks: W - 1 complete ranks
+  // are all the others, the local one included.
+  return o.ranks_complete + 1 == job.world && o.pulls_pending == 0 && !o.reduce_deferred;
+}
+
+template <class T>
+void Engine<T>::FoldRange_st(Job& job, OwnedPart& o, uint32_t rank, uint64_t offset,
+                             uint64_t bytes, const std::byte* src) {
+  const Part& p = job.parts[o.part];
+  const JobTensor& t = job.tensors[p.tensor];
+  const std::byte* contributions[ps::kMaxWorldSize];
+  std::byte* slots = job.slab.get() + o.slab_offset;
+  std::byte* local = reinterpret_cast<std::byte*>(job.arena + t.arena_offset + p.offset) + offset;
+  for (uint32_t r = 0; r < job.world; ++r) {
+    contributions[r] = r == rank ? src : r == job.rank ? local : slots + uint64_t{r} * p.length + offset;
+  }
+  std::byte* out = slots + uint64_t{job.rank} * p.length + offset;
+  // Cannot fail: the dtype was checked when the job was registered and `bytes` is a whole
+  // number of elements.
+  (void)ps::ReduceInRankOrder(t.spec.dtype, absl::MakeConstSpan(contributions, job.world), bytes,
+                              job.reduce, out);
+  // `out` was just written: this copy reads it from cache.
+  std::memcpy(local, out, bytes);
+}
+
+template <class T>
+void Engine<T>::OnRecvPiece_st(const transport::PeerInfo& peer, const transport::FrameHeader& h,
+                               const RecvTarget& target, uint64_t segment_offset,
+                               std::span<const uint8_t> bytes) {
+  Job* job = JobFromCookie(target.cookie);
+  if (job == nullptr || job->failed) return;
+  Part* p = PartAt(*job, sched::KeyTensor(h.key), h.offset);
+  // ResolveRecv_st handed out this target for this header, so these hold; checked anyway
+  // because a piece writes into the client's arena.
+  if (p == nullptr || p->owned < 0 || peer.rank >= job->world) return;
+  OwnedPart& o = job->owned[p->owned];
+  if (o.folding_rank != static_cast<int32_t>(peer.rank)) return;
+  const uint64_t esize = sched::DTypeBytes(job->tensors[p->tensor].spec.dtype);
+  uint64_t off = (h.offset - p->offset) + segment_offset;
+  if (bytes.size() > p->length || off > p->length - bytes.size()) return;
+  std::byte* slot = job->slab.get() + o.slab_offset + uint64_t{peer.rank} * p->length;
+  const auto* src = reinterpret_cast<const std::byte*>(bytes.data());
+  uint64_t n = bytes.size();
+  // A packet may end inside an element: its first bytes wait in the rank's slot, and the
+  // element is reduced from there once the next piece completes it.
+  if (off % esize != 0) {
+    const uint64_t head = std::min(esize - off % esize, n);
+    std::memcpy(slot + off, src, head);
+    off += head;
+    src += head;
+    n -= head;
+    if (off % esize == 0) FoldRange_st(*job, o, peer.rank, off - esize, esize, slot + off - esize);
+  }
+  const uint64_t whole = n - n % esize;
+  if (whole > 0) FoldRange_st(*job, o, peer.rank, off, whole, src);
+  if (n > whole) std::memcpy(slot + off + whole, src + whole, n - whole);
+}
+
 #define GRADLANE_INSTANTIATE(T) \
+  template bool Engine<T>::CanFold_st(const Job&, const OwnedPart&) const; \
+  template void Engine<T>::FoldRange_st(Job&, OwnedPart&, uint32_t, uint64_t, uint64_t, const std::byte*); \
+  template void Engine<T>::OnRecvPiece_st(const transport::PeerInfo&, const transport::FrameHeader&, \
+                                          const RecvTarget&, uint64_t, std::span<const uint8_t>); \
   template bool Engine<T>::ShardAccept_st(Job&, OwnedPart&, uint32_t, int64_t, uint64_t); \
   template void Engine<T>::ShardRankDone_st(Job&, OwnedPart&); \
   template void Engine<T>::TryReduce_st(Job&, OwnedPart&);

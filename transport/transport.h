@@ -39,6 +39,7 @@
 #include <atomic>
 #include <concepts>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -168,18 +169,34 @@ struct SendCompletion {
 };
 
 // Where the payload of an incoming segment goes. The transport bounds-checks it against the
-// region and writes exactly header.length bytes at region_offset.
+// region and writes exactly header.length bytes at region_offset — or, with `by_piece`, hands
+// the bytes to TransportHandler::OnRecvPiece_st instead of writing them.
+//
+// Why pieces: a backend that receives into its own packet buffers (DPDK) would copy every byte
+// to the region only for the engine to read it back when it reduces. Handed the packet's bytes
+// while they are in cache, the engine folds them into the result at once and the region write
+// and re-read never happen (one pass over memory less per pushed byte). Only backends that
+// declare `static constexpr bool kHandsOverPieces = true` are asked for it; the region range is
+// still bounds-checked as if the bytes were to be written there.
 struct RecvTarget {
   bool accept = false;
   RegionId region = kNoRegion;
   uint64_t region_offset = 0;
   uint64_t cookie = 0;  // returned in OnRecvDone_st
+  bool by_piece = false;
 
   static RecvTarget Reject() { return RecvTarget{}; }
   static RecvTarget Into(RegionId region, uint64_t region_offset, uint64_t cookie = 0) {
-    return RecvTarget{true, region, region_offset, cookie};
+    return RecvTarget{true, region, region_offset, cookie, false};
+  }
+  static RecvTarget Pieces(RegionId region, uint64_t region_offset, uint64_t cookie = 0) {
+    return RecvTarget{true, region, region_offset, cookie, true};
   }
 };
+
+// Whether backend T can hand a payload over in pieces (RecvTarget::by_piece).
+template <class T>
+inline constexpr bool kHandsOverPieces = requires { requires T::kHandsOverPieces; };
 
 struct PeerInfo {
   PeerHandle handle = kNoPeer;
@@ -207,6 +224,13 @@ class TransportHandler {
   // A segment header arrived: where should its payload go? Reject() discards the payload
   // (counted) and tells the sender its send failed.
   virtual RecvTarget ResolveRecv_st(const PeerInfo& peer, const FrameHeader& header) = 0;
+  // A by_piece target's payload, in order: `bytes` are the segment's bytes from
+  // `segment_offset` on; the pieces of one segment are contiguous and together exactly
+  // header.length bytes, all of them before OnRecvDone_st. `bytes` is valid only during the call.
+  // Only backends with kHandsOverPieces call it, and only for targets that asked.
+  virtual void OnRecvPiece_st(const PeerInfo& /*peer*/, const FrameHeader& /*header*/,
+                              const RecvTarget& /*target*/, uint64_t /*segment_offset*/,
+                              std::span<const uint8_t> /*bytes*/) {}
   // The payload is in place (the transport acknowledges it to the sender after this returns).
   virtual void OnRecvDone_st(const PeerInfo& peer, const FrameHeader& header,
                              const RecvTarget& target, TimeNs now) = 0;

@@ -165,9 +165,10 @@ void PrintStatus(const json& r) {
               Str(r, "jobs_failed").c_str());
   std::printf("posts          %s completed, %s failed\n", Str(r, "posts_completed").c_str(),
               Str(r, "posts_failed").c_str());
-  std::printf("segments       %s sent, %s received, %s rejected; %s rounds reduced\n",
+  std::printf("segments       %s sent, %s received, %s rejected; %s rounds reduced (%s folded on arrival)\n",
               Str(r, "segments_sent").c_str(), Str(r, "segments_received").c_str(),
-              Str(r, "segments_rejected").c_str(), Str(r, "rounds_reduced").c_str());
+              Str(r, "segments_rejected").c_str(), Str(r, "rounds_reduced").c_str(),
+              Str(r, "rounds_folded").c_str());
   std::printf("transport      %s sent, %s received; peers %s up, %s down; %s wire errors\n",
               Bytes(Num(r, "transport_bytes_sent")).c_str(),
               Bytes(Num(r, "transport_bytes_received")).c_str(), Str(r, "peers_up").c_str(),

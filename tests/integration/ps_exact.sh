@@ -33,10 +33,21 @@ for policy in ${IT_POLICIES:-fifo p3 bytescheduler prophet}; do
   it_job_wait "exact-$policy" 150 || it_fail "policy $policy: a rank failed (above)"
   echo "policy $policy: 3 ranks x $iters iterations bit-exact ($((SECONDS - t0)) s)"
 done
+folded=0
 for i in 0 1 2; do
   gl_daemon_alive "$i" || it_fail "daemon $i died"
   gl_daemon_stop "$i" || it_fail "daemon $i: exit status $? after SIGTERM (want 0)"
+  line=$(grep -m1 'engine stats:' "$GL_TMP/daemon$i.err") || it_fail "daemon $i printed no engine stats line"
+  [[ $line =~ rounds_folded=([0-9]+) ]] && folded=$((folded + BASH_REMATCH[1]))
 done
+# A backend that hands packets over (DPDK) reduces pushes as they arrive: the runs above must
+# have taken that path, and were bit-exact. TCP places whole segments and never folds.
+if [[ ${GL_TRANSPORT:-tcp} == dpdk ]]; then
+  ((folded > 0)) || it_fail "no daemon folded a round over DPDK"
+  echo "rounds folded on arrival: $folded"
+else
+  ((folded == 0)) || it_fail "$folded rounds folded over ${GL_TRANSPORT:-tcp}, which places whole segments"
+fi
 
 for i in 0 1 2; do gl_daemon_start "$i" --reduce=mean --peer_timeout=10s; done
 it_job_start "exact-mean" bytescheduler 5 7 -- --quiet --reduce=mean

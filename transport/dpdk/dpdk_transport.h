@@ -90,6 +90,9 @@ class DpdkPort final : public DatagramLink {
 
 class DpdkTransport final {
  public:
+  // Packets arrive in DPDK's buffers: a by_piece target gets each packet's bytes handed over.
+  static constexpr bool kHandsOverPieces = true;
+
   static absl::StatusOr<std::unique_ptr<DpdkTransport>> Create(const TransportOptions& options,
                                                                const DpdkOptions& dpdk,
                                                                TransportHandler* handler);

@@ -962,7 +962,13 @@ bool ReliableTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t 
   if (msg_offset != c.rx_got || bytes.size() > h.length - c.rx_got) {
     return violation(WireError::kBadLength, "packet does not continue its segment");
   }
-  if (c.rx_target.accept && !bytes.empty()) std::memcpy(c.rx_dst + msg_offset, bytes.data(), bytes.size());
+  if (c.rx_target.accept && !bytes.empty()) {
+    if (c.rx_target.by_piece) {
+      handler_->OnRecvPiece_st(InfoOf(c), h, c.rx_target, msg_offset, bytes);
+    } else {
+      std::memcpy(c.rx_dst + msg_offset, bytes.data(), bytes.size());
+    }
+  }
   c.rx_got += bytes.size();
   if ((flags & kPktLast) == 0) return true;
   if (c.rx_got != h.length) return violation(WireError::kBadLength, "segment ended short");

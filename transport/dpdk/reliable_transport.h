@@ -15,7 +15,8 @@
 //   - receiver-advertised credits: a sender never has packets beyond ack + credit in flight, and
 //     the receiver's reorder buffer holds exactly `credit` packets, so nobody is overrun;
 //   - in-order delivery: the engine sees ResolveRecv_st/OnRecvDone_st per segment in send order;
-//     in-order packets are copied straight to the destination, only out-of-order ones are held;
+//     in-order packets are copied straight to the destination (or, for a by_piece target, handed
+//     to OnRecvPiece_st in segment order), only out-of-order ones are held;
 //   - the handshake of the TCP backend (hello with job, rank, world and token → hello-ok or
 //     reject with the same WireError codes and statuses), keepalive probes so a vanished peer is
 //     noticed after peer_timeout even when idle, and a best-effort close with a reason;

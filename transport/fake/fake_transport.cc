@@ -343,7 +343,16 @@ void FakeTransport::Handle(Message& m, TimeNs now) {
                 t.region_offset <= regions_[t.region].bytes &&
                 m.header.length <= regions_[t.region].bytes - t.region_offset;
       if (ok) {
-        if (m.header.length > 0) std::memcpy(regions_[t.region].base + t.region_offset, m.payload.data(), m.header.length);
+        if (t.by_piece) {
+          const uint64_t piece = network_->piece_bytes_ == 0 ? m.header.length : network_->piece_bytes_;
+          for (uint64_t off = 0; off < m.header.length; off += piece) {
+            handler_->OnRecvPiece_st(InfoOf(h), m.header, t, off,
+                                     std::span<const uint8_t>(m.payload.data() + off,
+                                                              std::min<uint64_t>(piece, m.header.length - off)));
+          }
+        } else if (m.header.length > 0) {
+          std::memcpy(regions_[t.region].base + t.region_offset, m.payload.data(), m.header.length);
+        }
         c->stats.bytes_received += m.header.length;
         c->stats.frames_received += 1;
         stats_.total.bytes_received += m.header.length;

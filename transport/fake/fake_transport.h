@@ -41,6 +41,9 @@ class FakeNetwork {
   // One-way latency of every frame from now on.
   void set_delay(TimeNs delay) { delay_ = delay; }
   TimeNs delay() const { return delay_; }
+  // A by_piece receive target gets the payload in pieces of this many bytes (the last may be
+  // shorter), as a packet backend would; 0: in one piece.
+  void set_piece_bytes(uint32_t bytes) { piece_bytes_ = bytes; }
 
   // The endpoint listening at `address` vanishes. silent=false: like a killed process, its peers
   // see a reset on their next Progress_st. silent=true: like a pulled cable, every frame to or
@@ -53,12 +56,16 @@ class FakeNetwork {
 
   absl::flat_hash_map<std::string, FakeTransport*> endpoints_;
   TimeNs delay_ = 0;
+  uint32_t piece_bytes_ = 0;
   uint16_t next_port_ = 1;
   int next_identity_ = 0;
 };
 
 class FakeTransport final {
  public:
+  // Like a packet backend (see FakeNetwork::set_piece_bytes).
+  static constexpr bool kHandsOverPieces = true;
+
   // `network` and `handler` must outlive the transport.
   static absl::StatusOr<std::unique_ptr<FakeTransport>> Create(const TransportOptions& options,
                                                                 TransportHandler* handler,
