@@ -125,6 +125,12 @@ gl_env_init() {
     GL_MODE=netns
     GL_SWITCH="glsw-$GL_UNIQ"
     ip -n "$GL_SWITCH" link add br0 type bridge
+    # A switch forwards frames; it does not run the firewall. Where the host has br_netfilter
+    # loaded (container runtimes load it), every bridged frame would also pass through iptables
+    # in the switch namespace (measured: about 8% of a DPDK daemon's CPU at 10 Gbit/s, paid in
+    # the sender's context). The setting is per namespace; absent without br_netfilter.
+    ip netns exec "$GL_SWITCH" sysctl -qw net.bridge.bridge-nf-call-iptables=0 \
+      net.bridge.bridge-nf-call-ip6tables=0 net.bridge.bridge-nf-call-arptables=0 2>/dev/null || true
     ip -n "$GL_SWITCH" link set br0 mtu "$GL_MTU" up
     for ((i = 0; i < GL_W; i++)); do
       GL_NS[i]="gl$i-$GL_UNIQ"
