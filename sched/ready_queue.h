@@ -3,12 +3,20 @@
 // Order (SegmentBefore): a strict weak order — in fact a lexicographic total order on the
 // fields below, so two segments are equivalent only if every one of these fields is equal —
 // which makes every pop deterministic whatever the push order:
-//   1. priority   (smaller = more urgent; P3 / ByteScheduler priority = forward-consumption order)
-//   2. key        (tensor, then partition: a tensor's partitions go front to back, which is the
+//   1. iteration  (an older iteration's leftover first, whatever its priority: see below)
+//   2. priority   (smaller = more urgent; P3 / ByteScheduler priority = forward-consumption order)
+//   3. key        (tensor, then partition: a tensor's partitions go front to back, which is the
 //                  order in which the next forward pass reads them)
-//   3. iteration  (an older iteration's leftover first)
 //   4. direction  (push before pull at equal key: a worker's own contribution unblocks the sum)
 //   5. peer, offset, length, ready_at
+// Why iteration comes first: the only segments of two iterations that meet in one queue are a
+// co-located shard's pull responses of iteration i and its worker's pushes of i + 1 (this rank
+// finished i before a peer did). No partition of i + 1 can be reduced anywhere before every rank
+// has posted i + 1, i.e. before every pull of i has arrived — so a push of i + 1 sent ahead of
+// a pull of i only delays the peer that everyone then waits for. Ordered by priority and key
+// instead, a one-tensor job's pushes of i + 1 overtook the last pulls of i, the peer finished
+// i a whole tensor's transfer late (~220 ms for 256 MiB at 10 Gbit/s) and the two ranks fell
+// out of step for several iterations (docs/benchmarks.md §2b).
 // ready_at comes last on purpose: arrival time must not override urgency (that is FIFO's job).
 //
 // Guarantees: Push/Pop O(log n), Top O(1). Storage is a binary heap of small entries plus a
@@ -30,9 +38,9 @@ namespace gradlane::sched {
 
 // True if `a` must be sent before `b`. See the order documented above.
 inline bool SegmentBefore(const Segment& a, const Segment& b) {
-  return std::tie(a.priority, a.key, a.iteration, a.direction, a.peer, a.offset, a.length,
+  return std::tie(a.iteration, a.priority, a.key, a.direction, a.peer, a.offset, a.length,
                   a.ready_at) <
-         std::tie(b.priority, b.key, b.iteration, b.direction, b.peer, b.offset, b.length,
+         std::tie(b.iteration, b.priority, b.key, b.direction, b.peer, b.offset, b.length,
                   b.ready_at);
 }
 
@@ -57,7 +65,7 @@ class ReadyQueue {
       free_.pop_back();
       slots_[slot] = s;
     }
-    heap_.push_back({s.priority, slot, s.key});
+    heap_.push_back({s.iteration, s.priority, slot, s.key});
     queued_bytes_ += s.length;
     std::push_heap(heap_.begin(), heap_.end(), After{this});
   }
@@ -80,21 +88,23 @@ class ReadyQueue {
   uint64_t queued_bytes() const { return queued_bytes_; }
 
  private:
-  // The heap moves 16-byte entries holding the two leading sort fields, so sifting touches
-  // little memory; the full Segment is read only to break a (priority, key) tie — common in
-  // PS mode, where a shard sends the same key to every worker.
+  // The heap moves 24-byte entries holding the three leading sort fields, so sifting touches
+  // little memory; the full Segment is read only to break an (iteration, priority, key) tie —
+  // common in PS mode, where a shard sends the same key to every worker.
   struct Entry {
+    int64_t iteration;
     Priority priority;
     uint32_t slot;  // index into slots_
     SegmentKey key;
   };
-  static_assert(sizeof(Entry) == 16, "heap entries should stay small: they are what sifts move");
+  static_assert(sizeof(Entry) == 24, "heap entries should stay small: they are what sifts move");
 
   // std heap algorithms build a max-heap under the comparator: "After" puts the most urgent
   // segment at the front.
   struct After {
     const ReadyQueue* q;
     bool operator()(const Entry& a, const Entry& b) const {
+      if (a.iteration != b.iteration) return b.iteration < a.iteration;
       if (a.priority != b.priority) return b.priority < a.priority;
       if (a.key != b.key) return b.key < a.key;
       return SegmentBefore(q->slots_[b.slot], q->slots_[a.slot]);

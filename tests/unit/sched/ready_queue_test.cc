@@ -68,19 +68,30 @@ TEST(SegmentOrderTest, EquivalentOnlyWhenIdentical) {
   }
 }
 
-TEST(SegmentOrderTest, PriorityThenKeyDominate) {
+TEST(SegmentOrderTest, IterationThenPriorityThenKeyDominate) {
   Segment urgent;
+  urgent.iteration = 3;
   urgent.priority = 0;
   urgent.key = MakeKey(9, 9);
   urgent.ready_at = 1000;  // arrived later
   Segment lazy;
+  lazy.iteration = 3;
   lazy.priority = 1;
   lazy.key = MakeKey(0, 0);
   EXPECT_TRUE(SegmentBefore(urgent, lazy));
   Segment same_prio_lower_key = urgent;
   same_prio_lower_key.key = MakeKey(9, 8);
-  same_prio_lower_key.iteration = 5;  // a later field must not matter
+  same_prio_lower_key.direction = Direction::kPull;  // a later field must not matter
   EXPECT_TRUE(SegmentBefore(same_prio_lower_key, urgent));
+  // A pull response of an older iteration goes before the next iteration's most urgent push:
+  // no peer can reduce the newer one before the older one has arrived.
+  Segment old_pull = lazy;
+  old_pull.iteration = 2;
+  old_pull.priority = 100;
+  old_pull.key = MakeKey(50, 7);
+  old_pull.direction = Direction::kPull;
+  EXPECT_TRUE(SegmentBefore(old_pull, urgent));
+  EXPECT_FALSE(SegmentBefore(urgent, old_pull));
 }
 
 TEST(ReadyQueueTest, PopsInSortedOrderWhateverThePushOrder) {
