@@ -341,6 +341,7 @@ JobError Engine<T>::SetUpJob_st(Session& session, Job& job, TimeNs now) {
     job.slab_region = *sr;
   }
   job.owned_got.assign(job.owned.size() * job.world, 0);
+  job.owned_placed.assign(job.owned.size() * job.world, 0);
   job.manifest_in.assign(job.world, ManifestBody{});
   auto mo = transport_->RegisterRegion_st(&job.manifest_out, sizeof(job.manifest_out));
   if (!mo.ok()) return {GL_E_NO_MEMORY, std::string(mo.status().message())};
@@ -697,13 +698,9 @@ RecvTarget Engine<T>::ResolveRecv_st(const transport::PeerInfo& peer,
     if (!ShardAccept_st(*job, o, r, h.iteration, h.length)) return reject();
     o.priority = std::min<sched::Priority>(o.priority, h.priority);
     const uint64_t slot_offset = o.slab_offset + uint64_t{r} * p->length + (h.offset - p->offset);
-    if constexpr (transport::kHandsOverPieces<T>) {
-      const bool first_of_round = job->owned_got[static_cast<size_t>(p->owned) * job->world + r] == h.length;
-      if (o.folding_rank == static_cast<int32_t>(r) || (first_of_round && CanFold_st(*job, o))) {
-        o.folding_rank = static_cast<int32_t>(r);
-        return RecvTarget::Pieces(job->slab_region, slot_offset, cookie);
-      }
-    }
+    // A backend that hands packets over gives every push to OnRecvPiece_st, which folds or
+    // places each piece.
+    if constexpr (transport::kHandsOverPieces<T>) return RecvTarget::Pieces(job->slab_region, slot_offset, cookie);
     return RecvTarget::Into(job->slab_region, slot_offset, cookie);
   }
   // A pull response: only from the partition's shard, for the round we wait for.

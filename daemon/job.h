@@ -114,10 +114,10 @@ struct OwnedPart {
   uint64_t pulls_pending = 0;  // bytes of pull sends from the result slot not yet acked
   bool reduce_deferred = false;
   // The rank whose pushes this round are folded into the result piece by piece as they arrive
-  // (a backend with kHandsOverPieces), -1 if none. Chosen at that rank's first segment of the
-  // round, and only when every other contribution is already complete and no pull still reads
-  // the result slot, so the reduction of each piece has all it needs and the end-of-round
-  // reduction is already done. Its bytes never touch its slot except split elements.
+  // (a backend with kHandsOverPieces), -1 if none. Chosen at the first of its pieces that
+  // arrives, in order, once every other contribution is complete and no pull still reads the
+  // result slot: what it placed before is reduced from its slot then, each later piece at once,
+  // so the end-of-round reduction is already done when its last byte lands.
   int32_t folding_rank = -1;
   sched::Priority priority = 0;
 };
@@ -188,6 +188,11 @@ struct Job {
   std::vector<Part> parts;
   std::vector<OwnedPart> owned;
   std::vector<uint64_t> owned_got;  // owned.size() x W: bytes of each rank's push this round
+  // owned.size() x W: length of the prefix of each rank's push this round that is in its slot,
+  // while it arrives in order (kNotContiguous once a piece lands elsewhere): what folding must
+  // catch up on when it starts mid-stream (transports that hand packets over only).
+  std::vector<uint64_t> owned_placed;
+  static constexpr uint64_t kNotContiguous = ~uint64_t{0};
   uint64_t fingerprint = 0;
   uint64_t total_bytes = 0;
   std::unique_ptr<ps::ShardMap> shard_map;

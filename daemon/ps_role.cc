@@ -39,6 +39,8 @@ bool Engine<T>::ShardAccept_st(Job& job, OwnedPart& o, uint32_t rank, int64_t it
     o.folding_rank = -1;
     o.priority = std::numeric_limits<sched::Priority>::max();
     std::fill(got, got + job.world, 0);
+    uint64_t* placed = &job.owned_placed[static_cast<size_t>(&o - job.owned.data()) * job.world];
+    std::fill(placed, placed + job.world, 0);
   }
   if (got[rank] + length > p.length) return false;
   got[rank] += length;
@@ -153,13 +155,29 @@ void Engine<T>::OnRecvPiece_st(const transport::PeerInfo& peer, const transport:
   // because a piece writes into the client's arena.
   if (p == nullptr || p->owned < 0 || peer.rank >= job->world) return;
   OwnedPart& o = job->owned[p->owned];
-  if (o.folding_rank != static_cast<int32_t>(peer.rank)) return;
   const uint64_t esize = sched::DTypeBytes(job->tensors[p->tensor].spec.dtype);
   uint64_t off = (h.offset - p->offset) + segment_offset;
   if (bytes.size() > p->length || off > p->length - bytes.size()) return;
   std::byte* slot = job->slab.get() + o.slab_offset + uint64_t{peer.rank} * p->length;
   const auto* src = reinterpret_cast<const std::byte*>(bytes.data());
   uint64_t n = bytes.size();
+  if (o.folding_rank != static_cast<int32_t>(peer.rank)) {
+    uint64_t& placed = job->owned_placed[static_cast<size_t>(p->owned) * job->world + peer.rank];
+    const bool in_order = placed == off;
+    if (!in_order || !CanFold_st(*job, o)) {
+      // Not (yet) foldable: place it, as a transport without pieces would have.
+      std::memcpy(slot + off, src, n);
+      placed = in_order ? off + n : Job::kNotContiguous;
+      return;
+    }
+    // The others just became complete (typically: the local client posted while this rank's
+    // push was streaming in). Everything it sent so far is the prefix [0, off) of its slot:
+    // reduce its whole elements now and fold from here on (a split element's first bytes stay
+    // in the slot for the code below).
+    const uint64_t whole = off - off % esize;
+    if (whole > 0) FoldRange_st(*job, o, peer.rank, 0, whole, slot);
+    o.folding_rank = static_cast<int32_t>(peer.rank);
+  }
   // A packet may end inside an element: its first bytes wait in the rank's slot, and the
   // element is reduced from there once the next piece completes it.
   if (off % esize != 0) {

@@ -313,6 +313,16 @@ class RankClient {
     return posts;
   }
 
+  // Fills tensor `ti` with this rank's values of `iter` and posts bytes [offset, offset+length).
+  int PostRange(const JobSpec& job, int rank, int64_t iter, size_t ti, uint64_t offset, uint64_t length) {
+    Fill(job.tensors[ti], bufs_[ti], job.seed, rank, iter, ti);
+    return gl_post(c_, ids_[ti], iter, offset, length, ti);
+  }
+  bool ResultIsExact(const JobSpec& job, int64_t iter, size_t ti, bool mean) const {
+    const auto want = Reference(job.tensors[ti], job.seed, job.world, iter, ti, mean);
+    return std::memcmp(want.data(), bufs_[ti], job.tensors[ti].bytes) == 0;
+  }
+
   // Waits for `n` completions; returns their statuses (fewer if the timeout passed).
   std::vector<int> Wait(int n, int timeout_ms = 15000) {
     std::vector<int> statuses;
@@ -457,6 +467,49 @@ TEST(EngineTest, PushesFoldedPieceByPieceAreBitExact) {
         EXPECT_LE(folded, reduced);
       }
     }
+  }
+}
+
+// Folding that starts mid-stream: rank 1's push of the first part of a partition owned by rank 0
+// arrives (and is placed in its slot) before rank 0 has posted that tensor; rank 0 then posts,
+// and the rest of rank 1's push is folded on arrival after the placed prefix is reduced from the
+// slot. Deterministic order: each step waits until the previous one shows in the counters.
+TEST(EngineTest, FoldingThatStartsMidStreamCatchesUpOnThePlacedPrefix) {
+  for (const uint32_t piece : {7u, 0u}) {
+    SCOPED_TRACE(absl::StrCat("piece=", piece));
+    Cluster cluster(2, TestOptions(), absl::StrCat("foldlate", piece));
+    cluster.SetPieceBytes(piece);
+    // "warmup" brings the job up on both daemons; "two_parts" has one partition per rank, and
+    // the split points fall inside them.
+    JobSpec job{absl::StrCat("job-foldlate-", piece), 2, "bytescheduler", "secret",
+                {{"warmup", 64, GL_DTYPE_F32, 1}, {"two_parts", 2 * kPartition, GL_DTYPE_F32, 1}}, 5};
+    RankClient c0, c1;
+    ASSERT_EQ(c0.Setup(cluster.socket(0), job, 0), GL_OK);
+    ASSERT_EQ(c1.Setup(cluster.socket(1), job, 1), GL_OK);
+    ASSERT_EQ(c0.PostRange(job, 0, 0, 0, 0, GL_WHOLE_TENSOR), GL_OK);
+    ASSERT_EQ(c1.PostRange(job, 1, 0, 0, 0, GL_WHOLE_TENSOR), GL_OK);
+    ASSERT_EQ(c0.Wait(1), std::vector<int>({GL_OK}));
+    ASSERT_EQ(c1.Wait(1), std::vector<int>({GL_OK}));
+    const EngineStats before = cluster.Stats(0);
+
+    const uint64_t split = 1236;  // bytes into each partition, a whole number of f32 values
+    ASSERT_EQ(c1.PostRange(job, 1, 0, 1, 0, split), GL_OK);
+    ASSERT_EQ(c1.PostRange(job, 1, 0, 1, kPartition, split), GL_OK);
+    // Rank 0 got the first piece of its partition (one segment) and holds it in the slot.
+    ASSERT_TRUE(cluster.WaitFor(0, [&](const EngineStats& s) {
+      return s.segments_received == before.segments_received + 1;
+    }));
+    ASSERT_EQ(c0.PostRange(job, 0, 0, 1, 0, GL_WHOLE_TENSOR), GL_OK);
+    // Rank 0's post was taken: it pushed rank 1's partition.
+    ASSERT_TRUE(cluster.WaitFor(0, [&](const EngineStats& s) { return s.segments_sent > before.segments_sent; }));
+    ASSERT_EQ(c1.PostRange(job, 1, 0, 1, split, kPartition - split), GL_OK);
+    ASSERT_EQ(c1.PostRange(job, 1, 0, 1, kPartition + split, kPartition - split), GL_OK);
+    ASSERT_EQ(c0.Wait(1), std::vector<int>({GL_OK}));
+    ASSERT_EQ(c1.Wait(4), std::vector<int>(4, GL_OK));
+    EXPECT_TRUE(c0.ResultIsExact(job, 0, 1, false)) << "rank 0's result differs from the reference";
+    EXPECT_TRUE(c1.ResultIsExact(job, 0, 1, false)) << "rank 1's result differs from the reference";
+    EXPECT_EQ(cluster.Stats(0).rounds_folded, before.rounds_folded + 1)
+        << "rank 0's partition was not folded";
   }
 }
 
