@@ -103,8 +103,9 @@ int Engine<T>::PollOnce_st(TimeNs now) {
   if (shut_down_) return 0;
   int work = server_->PollOnce(now);
   work += transport_->Progress_st(now, 0);
-  if (now - last_housekeeping_ >= kHousekeepingInterval) {
+  if (now - last_housekeeping_ >= kHousekeepingInterval || housekeeping_due_) {
     last_housekeeping_ = now;
+    housekeeping_due_ = false;
     Housekeeping_st(now);
   }
   for (auto& j : jobs_) {
@@ -413,6 +414,10 @@ template <class T>
 void Engine<T>::FailJob_st(Job& job, gl_status status, const std::string& reason) {
   if (job.failed) return;
   job.failed = true;
+  // Housekeeping stops accepting peers for it before this loop round ends (not up to a tick
+  // later): a new run of the same job id, whose peers may dial within that millisecond, must
+  // get unknown_job and redial, not a connection to this failed run that refuses its manifest.
+  housekeeping_due_ = true;
   job.fail_status = status;
   job.fail_reason = reason;
   // A disconnect with nothing pending is how every job ends (its clients close); only a failure

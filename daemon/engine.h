@@ -215,6 +215,7 @@ class Engine final : public PostSink, public transport::TransportHandler {
   absl::flat_hash_map<transport::PeerHandle, OutHandle> out_handles_;
   absl::flat_hash_map<uint32_t, std::unique_ptr<Tuner>> tuners_;  // by job slot
   sched::TimeNs last_housekeeping_ = 0;
+  bool housekeeping_due_ = false;  // a job failed: run housekeeping before the round ends
   Counters counters_;
 };
 
