@@ -1,8 +1,9 @@
 // dpdk_raw — the raw rate of a DPDK port: a plain sender/receiver of full-size UDP datagrams
 // through the same DpdkPort (EAL, framing, ARP, bursts) as the daemon's DPDK transport, without
-// the reliable protocol, the engine or shared memory. tests/bench/dpdk_goodput.sh runs a sender
-// and a receiver per host beside the daemons' measurement: the baseline of the same vdev in the
-// same run.
+// the reliable protocol, the engine or shared memory. tests/bench/dpdk_goodput.sh runs it beside
+// the daemons' measurement, the baseline of the same vdev in the same run: a sender on one host
+// and a receiver on the other (one way), and one --mode=both per host (both ways at once, one
+// polling process per host as with the daemons).
 //
 //   dpdk_raw --vdev=net_af_packet0,iface=eth0,... --ip=A --peer=B --mode=send|recv|both
 //            [--seconds=4] [--mtu=9000] [--file_prefix=P] [--lcore=0] [--port=7620]

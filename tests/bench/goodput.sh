@@ -3,17 +3,13 @@
 # between two hosts (network namespaces joined by veth through a bridge) through the daemons,
 # versus iperf3 on the same link in the same run.
 #
-# How the figure is defined: with W = 2 in parameter-server mode each host's link carries, in
-# each direction, 2(W-1)/W x S = S bytes per reduction (its pushes to the other shard plus the
-# other shard's results), both directions at once. So
-#     goodput = S / (time of one reduction, client post to client completion)
-# is compared with iperf3 --bidir (both directions loaded, as the daemons load them; per
-# direction), and, for information, with a one-way iperf3 stream. The reduction time is measured
-# by gradlane-replay on a one-layer profile with zero compute (mean over GOODPUT_ITERATIONS after
-# one warm-up), so it includes shared memory, scheduling, aggregation and the return trip.
+# goodput (per direction, defined in goodput_lib.sh) is compared with iperf3 --bidir (both
+# directions loaded, as the daemons load them; per direction), and, for information, with a
+# one-way iperf3 stream.
 #
 #   tests/bench/goodput.sh [BUILD_DIR]         default build dir: build
 #   env: GOODPUT_BYTES (1073741824), GOODPUT_POLICY (bytescheduler), GOODPUT_ITERATIONS (3),
+#        GOODPUT_WARMUP (2),
 #        GOODPUT_RATES ("unshaped 5gbit": one measurement per entry), GOODPUT_IPERF_SECONDS (4),
 #        GOODPUT_NICE (-10: the daemons, clients and iperf3 alike inherit it, so a build running
 #        beside the benchmark takes less from both sides; "keep" leaves it)
@@ -28,9 +24,11 @@ bdir=${1:-$root/build}
 bytes=${GOODPUT_BYTES:-1073741824}
 policy=${GOODPUT_POLICY:-bytescheduler}
 iters=${GOODPUT_ITERATIONS:-3}
+warmup=${GOODPUT_WARMUP:-2}
 rates=(${GOODPUT_RATES:-unshaped 5gbit})
 isecs=${GOODPUT_IPERF_SECONDS:-4}
 source "$root/tests/integration/netns.sh"
+source "$root/tests/bench/goodput_lib.sh"
 GL_DAEMON=$bdir/daemon/gradlaned
 replay=$bdir/tests/bench/gradlane-replay
 for x in "$GL_DAEMON" "$replay"; do
@@ -40,10 +38,7 @@ command -v iperf3 >/dev/null || { echo "SKIP: iperf3 not installed" >&2; exit 77
 command -v python3 >/dev/null || { echo "SKIP: python3 needed to read iperf3's JSON" >&2; exit 77; }
 
 gl_env_init --need-netns 2
-cat >"$GL_TMP/one-tensor.json" <<EOF
-{ "model": "goodput-$bytes", "reference": "one tensor, zero compute: tests/bench/goodput.sh",
-  "layers": [ {"name": "g", "param_bytes": $bytes, "fwd_us": 0, "bwd_us": 0} ] }
-EOF
+goodput_profile tests/bench/goodput.sh
 
 # iperf3 between host 0 (client) and host 1 (server); prints Gbit/s per direction.
 iperf() {  # iperf MODE(uni|bidir)
@@ -67,32 +62,13 @@ else:
 PY
 }
 
-# One reduction of the tensor through the daemons; prints Gbit/s of goodput per direction.
-daemon_goodput() {
-  local tag=$1 r peers
-  peers=$(gl_peers)
-  for r in 0 1; do
-    gl_bg "$r" "replay-$tag.r$r" "$replay" --profile="$GL_TMP/one-tensor.json" \
-      --socket="${GL_SOCK[r]}" --job="goodput-$tag" --rank="$r" --world=2 --peers="$peers" \
-      --policy="$policy" --token=goodput --iterations="$iters" --warmup=1 --timeout_ms=60000 \
-      --csv="$GL_TMP/$tag.r$r.csv" --quiet
-  done
-  for r in 0 1; do
-    gl_wait "replay-$tag.r$r" 300 || { gl_show "replay-$tag.r$r"; return 1; }
-  done
-  # Mean reduction time over both ranks' measured iterations.
-  cat "$GL_TMP/$tag.r0.csv" "$GL_TMP/$tag.r1.csv" |
-    awk -F, -v b="$bytes" '$1 != "iteration" && $4 == 0 { s += $2; n++ }
-      END { ms = s / n; printf "%.3f %.1f\n", b * 8 / (ms / 1e3) / 1e9, ms }'
-}
-
 for i in 0 1; do gl_daemon_start "$i" --peer_timeout=10s --max_arena_bytes=$((bytes + (64 << 20))); done
 printf "%-10s %-14s %10s %12s %12s %12s %8s %8s\n" link policy "ms/reduce" "gradlane" \
   "iperf3 bidir" "iperf3 1-way" ratio "ratio-1way"
 for rate in "${rates[@]}"; do
   if [[ $rate == unshaped ]]; then gl_shape ""; else gl_shape "$rate"; fi
   bi=$(iperf bidir)
-  read -r gp ms <<<"$(daemon_goodput "$rate")"
+  read -r gp ms <<<"$(goodput_reduce "$rate")"
   uni=$(iperf uni)
   printf "%-10s %-14s %10s %12s %12s %12s %8s %8s\n" "$rate" "$policy" "$ms" "$gp Gb/s" \
     "$bi Gb/s" "$uni Gb/s" "$(awk -v a="$gp" -v b="$bi" 'BEGIN { printf "%.3f", a / b }')" \
