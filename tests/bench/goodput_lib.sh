@@ -7,9 +7,11 @@
 # parameter-server mode each host's link carries, in each direction, 2(W-1)/W x S = S bytes per
 # reduction (its pushes to the other shard plus the other shard's results), both directions at
 # once, so this is the goodput per direction. The time is the mean over both ranks' $iters
-# measured iterations after the warm-up (gradlane-replay's default of 2: a job's second
-# iteration still runs ~30% slow over DPDK), shared memory, scheduling, aggregation and the
-# return trip included.
+# measured iterations after the warm-up (gradlane-replay's default of 2), shared memory,
+# scheduling, aggregation and the return trip included. With zero compute, replay's row k is the
+# wait for iteration k-1's results: row 0 is ~0 and row 1 is the job's first reduction, which
+# also connects the peers, exchanges manifests and first touches every buffer (30% slower), so
+# both are warm-up.
 
 # goodput_profile WHO : writes the one-tensor profile to $GL_TMP/one-tensor.json.
 goodput_profile() {
