@@ -53,6 +53,9 @@ ABSL_FLAG(uint32_t, dpdk_mtu, 0, "dpdk: port MTU to set, e.g. 9000 for jumbo fra
 ABSL_FLAG(std::string, dpdk_static_arp, "", "dpdk: static neighbours IP=MAC,... (others by ARP)");
 ABSL_FLAG(std::string, dpdk_zero_copy, "auto", "dpdk: transmit from the arena without a copy: auto, on, off");
 ABSL_FLAG(uint32_t, dpdk_window, 256, "dpdk: packets in flight per connection (and credit offered), 1..256");
+ABSL_FLAG(uint32_t, dpdk_rx_budget, 0,
+          "dpdk: packets the port holds between polls, split into the credit offered to the peers that "
+          "send to us (0: 3/4 of the port's RX ring, e.g. af_packet's framecnt)");
 ABSL_FLAG(uint32_t, dpdk_drop_every, 0, "dpdk fault injection: drop every Nth datagram sent (0: off)");
 ABSL_FLAG(double, dpdk_drop_probability, 0, "dpdk fault injection: drop each datagram with this probability");
 ABSL_FLAG(double, dpdk_reorder_probability, 0, "dpdk fault injection: reorder with this probability");
@@ -128,6 +131,7 @@ absl::StatusOr<TransportChoice> TransportFromFlags() {
   d.mtu = absl::GetFlag(FLAGS_dpdk_mtu);
   d.zero_copy = absl::GetFlag(FLAGS_dpdk_zero_copy);
   d.reliable.window_packets = absl::GetFlag(FLAGS_dpdk_window);
+  d.reliable.rx_budget_packets = absl::GetFlag(FLAGS_dpdk_rx_budget);
   d.reliable.faults.drop_every = absl::GetFlag(FLAGS_dpdk_drop_every);
   d.reliable.faults.drop_probability = absl::GetFlag(FLAGS_dpdk_drop_probability);
   d.reliable.faults.reorder_probability = absl::GetFlag(FLAGS_dpdk_reorder_probability);

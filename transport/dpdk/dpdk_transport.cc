@@ -5,11 +5,14 @@
 #include <unistd.h>
 
 #include <rte_arp.h>
+#include <rte_dev.h>
+#include <rte_devargs.h>
 #include <rte_eal.h>
 #include <rte_errno.h>
 #include <rte_ethdev.h>
 #include <rte_ether.h>
 #include <rte_ip.h>
+#include <rte_kvargs.h>
 #include <rte_lcore.h>
 #include <rte_log.h>
 #include <rte_mbuf.h>
@@ -136,6 +139,7 @@ struct DpdkPort::Impl {
   Ipv4Endpoint self;
   uint32_t mtu = 1500;
   uint32_t max_dgram = 0;
+  uint32_t rx_capacity = 0;
   std::string driver;
   rte_mbuf* tx[kBurst];
   int tx_n = 0;
@@ -245,10 +249,13 @@ DpdkPort::~DpdkPort() {
 uint32_t DpdkPort::max_datagram_bytes() const { return impl_->max_dgram; }
 Ipv4Endpoint DpdkPort::local_endpoint() const { return impl_->self; }
 
+uint32_t DpdkPort::rx_capacity_packets() const { return impl_->rx_capacity; }
+
 std::string DpdkPort::Describe() const {
   const Impl& p = *impl_;
-  return absl::StrFormat("dpdk port %d driver %s mac %s ip %s mtu %d datagram %d zero-copy %s", p.port, p.driver,
-                         MacText(p.mac), FormatEndpoint(p.self), p.mtu, p.max_dgram, p.zero_copy ? "on" : "off");
+  return absl::StrFormat("dpdk port %d driver %s mac %s ip %s mtu %d datagram %d zero-copy %s rx-capacity %d", p.port,
+                         p.driver, MacText(p.mac), FormatEndpoint(p.self), p.mtu, p.max_dgram,
+                         p.zero_copy ? "on" : "off", p.rx_capacity);
 }
 
 absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o, const std::string& default_ip,
@@ -396,6 +403,19 @@ absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o, c
   }
   uint16_t nb_rx = 1024, nb_tx = 1024;
   (void)rte_eth_dev_adjust_nb_rx_tx_desc(port, &nb_rx, &nb_tx);
+  // What arrives while we are not polling waits in the RX descriptors — or, for af_packet, in
+  // its kernel ring (the PMD ignores nb_rx): `framecnt` frames, 512 unless the devargs say.
+  impl->rx_capacity = nb_rx;
+  if (af_packet) {
+    impl->rx_capacity = 512;
+    const rte_devargs* da = info.device != nullptr ? rte_dev_devargs(info.device) : nullptr;
+    if (rte_kvargs* kv = da != nullptr && da->args != nullptr ? rte_kvargs_parse(da->args, nullptr) : nullptr) {
+      uint32_t frames = 0;
+      const char* v = rte_kvargs_get(kv, "framecnt");
+      if (v != nullptr && absl::SimpleAtoi(v, &frames) && frames > 0) impl->rx_capacity = frames;
+      rte_kvargs_free(kv);
+    }
+  }
   const int socket = rte_eth_dev_socket_id(port) < 0 ? 0 : rte_eth_dev_socket_id(port);
   // af_packet copies a whole ring frame into one mbuf, so the data room must hold its frame size
   // (16 KiB with the recommended devargs); other PMDs need the MTU.
@@ -611,7 +631,10 @@ absl::StatusOr<std::unique_ptr<DpdkTransport>> DpdkTransport::Create(const Trans
   if (!port.ok()) return port.status();
   auto t = std::unique_ptr<DpdkTransport>(new DpdkTransport());
   t->port_ = std::move(*port);
-  auto rel = ReliableTransport::Create(options, dpdk.reliable, t->port_.get(), handler);
+  ReliableOptions reliable = dpdk.reliable;
+  // A quarter of the port's room is left for acks, control and others' traffic.
+  if (reliable.rx_budget_packets == 0) reliable.rx_budget_packets = t->port_->rx_capacity_packets() * 3 / 4;
+  auto rel = ReliableTransport::Create(options, reliable, t->port_.get(), handler);
   if (!rel.ok()) return rel.status();
   t->rel_ = std::move(*rel);
   return t;

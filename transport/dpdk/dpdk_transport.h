@@ -79,6 +79,7 @@ class DpdkPort final : public DatagramLink {
   bool Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head, std::span<const uint8_t> body) override;
   void Flush_st() override;
   int Poll_st(DatagramSink* sink, TimeNs now, TimeNs wait) override;
+  uint32_t rx_capacity_packets() const override;
   std::string Describe() const;
 
   struct Impl;

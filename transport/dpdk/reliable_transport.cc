@@ -190,6 +190,7 @@ absl::StatusOr<std::unique_ptr<ReliableTransport>> ReliableTransport::Create(
   auto t = std::unique_ptr<ReliableTransport>(new ReliableTransport(options, reliable, link, handler));
   t->max_dgram_ = dg;
   t->window_ = reliable.window_packets;
+  t->credit_ = t->window_;
   t->rel_.ack_every = std::max<uint32_t>(1, reliable.ack_every);
   t->rng_ = f.seed * 0x9E3779B97F4A7C15ull + 1;
   t->conn_storage_.reset(new Conn[options.max_connections]);
@@ -477,7 +478,7 @@ void ReliableTransport::FillAckFields(Conn& c, DgramHeader& h) {
   h.msg_ack = c.rx_msg_next;
   std::memcpy(h.sack, c.sack, sizeof(h.sack));
   std::memcpy(h.rejected, c.rejected, sizeof(h.rejected));
-  h.credit = window_;
+  h.credit = credit_;
   // This header acknowledges everything received so far.
   c.rx_unacked = 0;
   c.ack_due_since = kNever;
@@ -556,7 +557,7 @@ bool ReliableTransport::SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, C
   h.type = static_cast<uint8_t>(type);
   h.dst_conn = dst_conn;
   h.src_conn = c != nullptr ? HandleOf(*c) : 0;
-  h.credit = window_;
+  h.credit = credit_;
   h.payload_bytes = static_cast<uint32_t>(kFrameHeaderBytes + body_bytes);
   if (c != nullptr && c->state == ConnState::kEstablished) FillAckFields(*c, h);
   std::memcpy(buf.data(), &h, sizeof(h));
@@ -759,6 +760,8 @@ void ReliableTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh,
   c->peer_limit = std::min<uint64_t>(dh.credit, kMaxWindow);
   c->state = ConnState::kEstablished;
   c->last_heard = c->last_progress = now;
+  ++inbound_up_;
+  UpdateCredit();
   counters_->peers_up.Add_st(1);
   SendControl(from, dh.src_conn, c, DgramType::kHelloOk, MakeHeader(FrameType::kHelloOk, job.job_id, job.local_rank),
               nullptr, 0);
@@ -1004,8 +1007,24 @@ void ReliableTransport::Refuse(Conn& c, WireError code, const absl::Status& why)
   Teardown(c, why);
 }
 
+void ReliableTransport::UpdateCredit() {
+  const uint32_t budget = rel_.rx_budget_packets;
+  if (budget == 0) {
+    credit_ = window_;
+    return;
+  }
+  // Granted credit cannot be taken back (a sender's limit only grows), so a newcomer squeezes
+  // the others only as their acks move on: the budget is met from then on, not at once.
+  credit_ = std::clamp<uint32_t>(budget / std::max<uint32_t>(1, inbound_up_), std::min<uint32_t>(8, window_),
+                                 window_);
+}
+
 void ReliableTransport::Teardown(Conn& c, const absl::Status& why) {
   if (c.state == ConnState::kDead || c.state == ConnState::kFree) return;
+  if (c.inbound && c.state == ConnState::kEstablished) {
+    --inbound_up_;
+    UpdateCredit();
+  }
   c.state = ConnState::kDead;
   FailPendingAndReportDown(c, why);
   dead_slots_.push_back(static_cast<uint32_t>(&c - conns_.data()));

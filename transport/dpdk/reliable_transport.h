@@ -85,6 +85,9 @@ class DatagramLink {
   // Hands received datagrams to `sink`. With none ready and wait > 0, waits for one up to
   // `wait` (backing off, so an idle daemon does not hold a core). Returns datagrams handed over.
   virtual int Poll_st(DatagramSink* sink, TimeNs now, TimeNs wait) = 0;
+  // Datagrams the port holds for us between two polls before it drops (a NIC's RX descriptors,
+  // an af_packet ring's frames); 0: unknown.
+  virtual uint32_t rx_capacity_packets() const { return 0; }
 };
 
 // Transmit-side fault injection (tests and the loss benchmark; all zero in production).
@@ -102,6 +105,11 @@ struct FaultOptions {
 struct ReliableOptions {
   // Packets in flight per connection, and the credit (reorder buffer) each receiver offers.
   uint32_t window_packets = kMaxWindow;
+  // What the port can hold for us between polls, in packets (0: no limit). The credit offered
+  // is this split among the connections that send to us (inbound ones, at least 8 packets
+  // each), so W - 1 peers sending at once cannot overrun the port: 7 senders with 256-packet
+  // windows would put 1792 packets in flight at an af_packet ring of 512 frames.
+  uint32_t rx_budget_packets = 0;
   // Largest datagram to build; 0 or above the link's: the link's.
   uint32_t max_datagram_bytes = 0;
   // The floor is eRPC's 5 ms rather than a few RTTs: on a loaded host a descheduled receiver
@@ -207,6 +215,7 @@ class ReliableTransport final : public DatagramSink {
   // Protocol violation or timeout: count, tell the peer why (best effort), tear down.
   void Refuse(Conn& c, WireError code, const absl::Status& why);
   void Teardown(Conn& c, const absl::Status& why);
+  void UpdateCredit();
   void FailPendingAndReportDown(Conn& c, const absl::Status& why);
   void ReleaseDeadSlots();
   void CountError(WireError e);
@@ -218,6 +227,10 @@ class ReliableTransport final : public DatagramSink {
   TransportHandler* const handler_;
   uint32_t max_dgram_ = 0;
   uint32_t window_ = 0;
+  // The credit offered on every connection: window_, or rx_budget_packets split among the
+  // established inbound connections (UpdateCredit, when that number changes).
+  uint32_t credit_ = 0;
+  uint32_t inbound_up_ = 0;
   bool listening_ = false;
   std::unique_ptr<Conn[]> conn_storage_;
   std::span<Conn> conns_;
