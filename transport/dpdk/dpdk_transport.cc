@@ -613,10 +613,10 @@ DpdkTransport::~DpdkTransport() {
     std::fprintf(stderr,
                  "gradlaned: dpdk stats: datagrams_sent=%lu datagrams_received=%lu data_packets_sent=%lu "
                  "retransmits=%lu timeouts=%lu duplicates=%lu out_of_order=%lu injected_drops=%lu "
-                 "injected_reorders=%lu injected_duplicates=%lu link_full=%lu stray=%lu\n",
+                 "injected_reorders=%lu injected_duplicates=%lu link_full=%lu stray=%lu replies_suppressed=%lu\n",
                  r.datagrams_sent, r.datagrams_received, r.data_packets_sent, r.retransmits, r.timeouts,
                  r.duplicates, r.out_of_order, r.injected_drops, r.injected_reorders, r.injected_duplicates,
-                 r.link_full, r.stray);
+                 r.link_full, r.stray, r.replies_suppressed);
   }
   rel_.reset();  // before the port it sends through
   port_.reset();

@@ -68,8 +68,8 @@ std::string FormatEndpoint(const Ipv4Endpoint& e) { return absl::StrCat(FormatIp
 
 struct ReliableTransport::Counters : TransportCounters {
   StatCounter datagrams_sent, datagrams_received, data_packets_sent, retransmits, timeouts,
-      duplicates, out_of_order, beyond_credit, pure_acks_sent, stray, injected_drops,
-      injected_reorders, injected_duplicates, link_full;
+      duplicates, out_of_order, beyond_credit, pure_acks_sent, stray, replies_suppressed,
+      injected_drops, injected_reorders, injected_duplicates, link_full;
 };
 
 enum class ConnState : uint8_t { kFree, kHelloSent, kEstablished, kDead };
@@ -583,6 +583,22 @@ void ReliableTransport::SendError(const Ipv4Endpoint& to, uint32_t dst_conn, Con
   if (type == DgramType::kClose && c != nullptr) SendControl(to, dst_conn, c, type, fh, &msg, fh.payload_bytes);
 }
 
+bool ReliableTransport::MayAnswerStranger(TimeNs now) {
+  // A token bucket: kStrangerReplyBurst at once, kStrangerRepliesPerSecond after that. Whoever
+  // floods the port with hellos or stray datagrams (from any source address, spoofed or not)
+  // gets at most that many answers, so the daemon neither burns its loop on them nor reflects
+  // a flood at someone else. Real peers see a reject or close at once, or retry.
+  const double refill = static_cast<double>(now - stranger_tokens_at_) * kStrangerRepliesPerSecond / sched::kSecond;
+  stranger_tokens_ = std::min<double>(kStrangerReplyBurst, stranger_tokens_ + std::max(0.0, refill));
+  stranger_tokens_at_ = now;
+  if (stranger_tokens_ < 1) {
+    counters_->replies_suppressed.Add_st(1);
+    return false;
+  }
+  stranger_tokens_ -= 1;
+  return true;
+}
+
 double ReliableTransport::NextRandom() {
   // splitmix64: deterministic per seed, so a fault pattern can be replayed.
   uint64_t z = (rng_ += 0x9E3779B97F4A7C15ull);
@@ -672,7 +688,8 @@ void ReliableTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const 
     if (c != nullptr && c->state == ConnState::kHelloSent && c->addr == from) return;
     // Like a TCP RST: a peer still talking to a connection we closed (or forgot in a restart)
     // learns at once. Never answer a close or reject, so two ends cannot ping-pong.
-    if (type != DgramType::kClose && type != DgramType::kReject && dh.src_conn != 0) {
+    if (type != DgramType::kClose && type != DgramType::kReject && dh.src_conn != 0 &&
+        MayAnswerStranger(now)) {
       SendError(from, dh.src_conn, nullptr, DgramType::kClose, 0, 0, WireError::kShutdown,
                 "no such connection (closed or restarted)");
     }
@@ -714,7 +731,7 @@ void ReliableTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh,
   std::memcpy(&b, body.data() + sizeof(fh), sizeof(b));
   auto reject = [&](WireError code, const std::string& why) {
     CountError(code);
-    SendError(from, dh.src_conn, nullptr, DgramType::kReject, fh.job_id, 0, code, why);
+    if (MayAnswerStranger(now)) SendError(from, dh.src_conn, nullptr, DgramType::kReject, fh.job_id, 0, code, why);
   };
   if (WireError e = CheckHeader(fh, options_.max_segment_bytes); e != WireError::kNone) {
     return reject(e, std::string(ValidateHeader(fh, options_.max_segment_bytes).message()));
@@ -1153,6 +1170,7 @@ ReliableStats ReliableTransport::ReliableStatsNow() const {
   s.beyond_credit = k.beyond_credit.Get();
   s.pure_acks_sent = k.pure_acks_sent.Get();
   s.stray = k.stray.Get();
+  s.replies_suppressed = k.replies_suppressed.Get();
   s.injected_drops = k.injected_drops.Get();
   s.injected_reorders = k.injected_reorders.Get();
   s.injected_duplicates = k.injected_duplicates.Get();

@@ -137,6 +137,7 @@ struct ReliableStats {
   uint64_t beyond_credit = 0;      // data packets dropped for lying past the credit we offered
   uint64_t pure_acks_sent = 0;
   uint64_t stray = 0;              // datagrams for no known connection
+  uint64_t replies_suppressed = 0;  // closes/rejects to strangers not sent (over the rate limit)
   uint64_t injected_drops = 0, injected_reorders = 0, injected_duplicates = 0;
   uint64_t link_full = 0;          // sends the link had no room for (retried later)
 };
@@ -216,6 +217,10 @@ class ReliableTransport final : public DatagramSink {
   void Refuse(Conn& c, WireError code, const absl::Status& why);
   void Teardown(Conn& c, const absl::Status& why);
   void UpdateCredit();
+  // Rate limit for closes and rejects sent to addresses without a connection.
+  bool MayAnswerStranger(TimeNs now);
+  static constexpr double kStrangerRepliesPerSecond = 1000;
+  static constexpr double kStrangerReplyBurst = 64;
   void FailPendingAndReportDown(Conn& c, const absl::Status& why);
   void ReleaseDeadSlots();
   void CountError(WireError e);
@@ -231,6 +236,8 @@ class ReliableTransport final : public DatagramSink {
   // established inbound connections (UpdateCredit, when that number changes).
   uint32_t credit_ = 0;
   uint32_t inbound_up_ = 0;
+  double stranger_tokens_ = kStrangerReplyBurst;
+  TimeNs stranger_tokens_at_ = 0;
   bool listening_ = false;
   std::unique_ptr<Conn[]> conn_storage_;
   std::span<Conn> conns_;

@@ -392,6 +392,36 @@ TEST_F(ReliableTest, ReceiveBudgetIsSplitAmongInboundConnections) {
   EXPECT_EQ(b->transport->ReliableStatsNow().beyond_credit, 0u);
 }
 
+// Closes and rejects to addresses without a connection are rate limited: a flood of stray
+// datagrams (or hellos) gets a burst of answers, then about 1000 a second, and is counted.
+TEST_F(ReliableTest, AnswersToStrangersAreRateLimited) {
+  Make();
+  DgramHeader h{};
+  h.magic = kDgramMagic;
+  h.version = kDgramVersion;
+  h.type = static_cast<uint8_t>(DgramType::kAck);
+  h.dst_conn = 0x7777;  // no such connection at b
+  h.src_conn = 5;
+  std::vector<uint8_t> stray(sizeof(h));
+  std::memcpy(stray.data(), &h, sizeof(h));
+  auto flood = [&](int n) {
+    const ReliableStats before = b->transport->ReliableStatsNow();
+    const uint64_t sent = b->link.sent;
+    for (int i = 0; i < n; ++i) pipe.Deliver(a->link.local_endpoint(), b->link.local_endpoint(), stray);
+    Step(pipe.delay);
+    const ReliableStats after = b->transport->ReliableStatsNow();
+    EXPECT_EQ(after.stray - before.stray, static_cast<uint64_t>(n));
+    return std::make_pair(b->link.sent - sent, after.replies_suppressed - before.replies_suppressed);
+  };
+  const auto [answered, suppressed] = flood(1000);
+  EXPECT_EQ(answered, 64u);  // the burst
+  EXPECT_EQ(suppressed, 936u);
+  pipe.now += 100 * kMs;  // refills 100 answers, capped at the burst
+  const auto [answered2, suppressed2] = flood(100);
+  EXPECT_EQ(answered2, 64u);
+  EXPECT_EQ(suppressed2, 36u);
+}
+
 TEST_F(ReliableTest, FullLinkIsRetriedNotLost) {
   Make();
   const PeerHandle h = ConnectAB();
