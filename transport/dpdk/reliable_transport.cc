@@ -128,6 +128,7 @@ struct ReliableTransport::Conn {
   bool sack_holes = false;
   TimeNs srtt = 0, rttvar = 0, rto = 0;
   bool have_rtt = false;
+  TimeNs acked_at = 0;  // when snd_una last moved: the retransmission timer restarts there
   TimeNs timer_at = kNever;
   // receive side
   uint64_t rcv_nxt = 0;
@@ -401,7 +402,13 @@ bool ReliableTransport::Retransmit(Conn& c, TimeNs now) {
   for (uint64_t s = c.snd_una; s != c.snd_nxt; ++s) {
     Conn::TxPkt& p = c.Pkt(s);
     if (p.sacked) continue;
-    const bool due = now - p.sent_at >= c.rto;
+    // A packet is presumed lost once a whole RTO has passed since it was sent *and* since the
+    // cumulative ack last moved (RFC 6298 5.3 restarts the timer on every ack of new data).
+    // Timed from its send alone, a packet queued behind a window's worth of others in a slow
+    // link's queue (a 2.3 MB window is 18 ms at 1 Gbit/s) would time out while acks still
+    // flow — spurious retransmissions by the thousand, measured at 1 Gbit/s under tbf.
+    const TimeNs since = std::max(p.sent_at, c.acked_at);
+    const bool due = now - since >= c.rto;
     const bool expired = due && expired_sent < rel_.rto_burst;
     const bool fast = c.sack_holes && s + kDupThresh <= c.highest_sacked && now - p.sent_at >= fast_gap;
     if (expired && !fast) ++expired_sent;
@@ -417,7 +424,7 @@ bool ReliableTransport::Retransmit(Conn& c, TimeNs now) {
       fired |= expired;
     }
     // Due but past this timeout's burst: it waits a whole (backed-off) timeout for the acks.
-    next = std::min(next, due && !expired && p.sent_at != now ? now + c.rto : p.sent_at + c.rto);
+    next = std::min(next, due && !expired && p.sent_at != now ? now + c.rto : std::max(p.sent_at, c.acked_at) + c.rto);
   }
   if (fired) {
     counters_->timeouts.Add_st(1);
@@ -860,6 +867,7 @@ bool ReliableTransport::OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now) 
                                  rel_.max_rto);
     }
     c.snd_una = dh.ack;
+    c.acked_at = now;
     c.last_progress = now;
     c.timer_at = c.snd_una == c.snd_nxt ? kNever : std::min(c.timer_at, now + c.rto);
   }
@@ -1108,6 +1116,7 @@ ReliableTransport::Conn* ReliableTransport::AllocConn() {
   c.srtt = c.rttvar = 0;
   c.rto = rel_.initial_rto;
   c.have_rtt = false;
+  c.acked_at = 0;
   c.timer_at = kNever;
   c.rcv_nxt = 0;
   std::fill(std::begin(c.sack), std::end(c.sack), 0);

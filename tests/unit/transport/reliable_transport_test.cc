@@ -68,8 +68,12 @@ class Pipe {
   TimeNs now = 1000 * kMs;
   TimeNs delay = 20 * kUs;
   double loss = 0;  // pipe-level random loss, on top of the transports' own injection
+  // Each sender's link rate in bytes per microsecond (0: unlimited): with a rate, datagrams
+  // queue behind each other as in a slow link's queue, so RTT grows with what is in flight.
+  double bytes_per_us = 0;
   std::mt19937_64 rng{7};
   std::map<uint64_t, PipeLink*> links;
+  std::map<uint64_t, TimeNs> link_free_at;
 
   static uint64_t Key(const Ipv4Endpoint& e) { return uint64_t{e.ip} << 16 | e.port; }
 
@@ -77,7 +81,13 @@ class Pipe {
     auto it = links.find(Key(to));
     if (it == links.end() || it->second->vanished) return;
     if (loss > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < loss) return;
-    it->second->inbox_.push_back(PipeLink::Item{now + delay, from, std::move(bytes)});
+    TimeNs at = now + delay;
+    if (bytes_per_us > 0) {
+      TimeNs& free_at = link_free_at[Key(from)];
+      free_at = std::max(free_at, now) + static_cast<TimeNs>(static_cast<double>(bytes.size()) / bytes_per_us * 1000);
+      at = free_at + delay;
+    }
+    it->second->inbox_.push_back(PipeLink::Item{at, from, std::move(bytes)});
   }
 };
 
@@ -316,6 +326,26 @@ TEST_F(ReliableTest, RtoAdaptsToRtt) {
   TransferAndCheck(h, {100000, 100000});
   // No spurious retransmission although the initial RTO (5 ms) is near the RTT.
   EXPECT_EQ(a->transport->ReliableStatsNow().retransmits, 0u);
+}
+
+// A full window queued on a slow link: the last packet's RTT (18 ms: 256 jumbo packets at
+// 1 Gbit/s) is far above the RTO (pinned at 1 ms here, as when a queue builds faster than the
+// estimate follows it), but acks keep arriving, so nothing is presumed lost (the timer restarts
+// on each ack, RFC 6298 5.3) and nothing is sent twice. Timed from each packet's send alone,
+// every packet queued more than 1 ms would time out.
+TEST_F(ReliableTest, PacketsQueuedOnASlowLinkDoNotTimeOutWhileAcksFlow) {
+  ReliableOptions ra, rb;
+  ra.min_rto = ra.initial_rto = ra.max_rto = 1 * kMs;
+  rb.ack_every = 4;  // an ack every 0.3 ms at this rate, well inside the 1 ms floor
+  Make(ra, rb, 9000);
+  pipe.bytes_per_us = 125;  // 1 Gbit/s
+  const PeerHandle h = ConnectAB();
+  const TimeNs t0 = pipe.now;
+  TransferAndCheck(h, {4000000});
+  EXPECT_GE(pipe.now - t0, 32 * kMs) << "the link rate did not apply";  // 4 MB at 125 B/us
+  const ReliableStats rs = a->transport->ReliableStatsNow();
+  EXPECT_EQ(rs.timeouts, 0u);
+  EXPECT_EQ(rs.retransmits, 0u);
 }
 
 TEST_F(ReliableTest, WindowBoundsPacketsInFlight) {
