@@ -461,8 +461,8 @@ TEST(EngineTest, PushesFoldedPieceByPieceAreBitExact) {
           reduced += cluster.Stats(i).rounds_reduced;
           EXPECT_EQ(cluster.Stats(i).jobs_failed, 0u);
         }
-        // Folding is taken whenever the local gradient was posted before the peer's first
-        // segment of the round, which the 3 iterations of every partition give many chances to.
+        // A round folds whenever the others complete before the last rank's last piece
+        // arrives, which the 3 iterations of every partition give many chances to.
         EXPECT_GT(folded, 0u) << "no round was folded (of " << reduced << ")";
         EXPECT_LE(folded, reduced);
       }
