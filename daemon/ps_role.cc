@@ -120,8 +120,9 @@ void Engine<T>::TryReduce_st(Job& job, OwnedPart& o) {
 template <class T>
 bool Engine<T>::CanFold_st(const Job& job, const OwnedPart& o) const {
   // The sender is still sending, so it is not among the complete ranks: W - 1 complete ranks
-  // are all the others, the local one included.
-  return o.ranks_complete + 1 == job.world && o.pulls_pending == 0 && !o.reduce_deferred;
+  // are all the others, the local one included. (A deferred reduction implies all W are
+  // complete, so it needs no test of its own.)
+  return o.ranks_complete + 1 == job.world && o.pulls_pending == 0;
 }
 
 template <class T>
