@@ -174,16 +174,32 @@ std::string DefaultAdminSocket(const std::string& client_socket) {
   return client_socket + ".admin";
 }
 
+AdminLimits AdminLimitsOf(const AdminOptions& options) {
+  AdminLimits l;
+  l.max_request_bytes = kMaxRequestBytes;
+  l.max_trace_spans = options.max_trace_spans;
+  l.max_trace_timeout_s = static_cast<double>(kMaxTraceTimeout) / 1e9;
+  return l;
+}
+
 json AdminCommand(TelemetryHub& hub, const AdminOptions& options, const json& req) {
-  if (!req.is_object() || !req.contains("cmd") || !req["cmd"].is_string()) {
-    return Error("request must be a JSON object with a string \"cmd\"");
-  }
-  const std::string cmd = req["cmd"].get<std::string>();
-  if (cmd == "status") {
+  absl::StatusOr<AdminRequest> r = ParseAdminRequest(req, AdminLimitsOf(options));
+  if (!r.ok()) return Error(std::string(r.status().message()));
+  if (r->cmd == AdminCmd::kTrace) return Error("trace is answered by the admin server's thread");
+  return AdminCommand(hub, options, r->cmd);
+}
+
+json AdminCommand(TelemetryHub& hub, const AdminOptions& options, AdminCmd cmd) {
+  if (cmd == AdminCmd::kStatus) {
     const EngineStats es = hub.engine_stats();
     const transport::TransportStats ts = hub.transport_stats();
     const TimeNs now = SessionServer::MonotonicNow();
     const TimeNs hb = hub.heartbeat();
+    const SessionServerStats ss = hub.session_stats();
+    json refused = json::object();
+    for (int k = 0; k < static_cast<int>(Refusal::kCount); ++k) {
+      refused[RefusalName(static_cast<Refusal>(k))] = ss.refused_by_reason[k];
+    }
     return hub.With([&](TelemetryState& st) {
       return json{{"ok", true},
                   {"version", hub.sources().version},
@@ -203,6 +219,8 @@ json AdminCommand(TelemetryHub& hub, const AdminOptions& options, const json& re
                   {"rounds_folded", es.rounds_folded},
                   {"transport_bytes_sent", ts.total.bytes_sent},
                   {"transport_bytes_received", ts.total.bytes_received},
+                  {"client_sessions", ss.sessions_active},
+                  {"client_connections_refused", refused},
                   {"peers_up", ts.peers_up},
                   {"peers_down", ts.peers_down},
                   {"wire_errors", ts.malformed()},
@@ -211,30 +229,29 @@ json AdminCommand(TelemetryHub& hub, const AdminOptions& options, const json& re
                   {"telemetry_events_dropped", hub.events_dropped()}};
     });
   }
-  if (cmd == "jobs") {
+  if (cmd == AdminCmd::kJobs) {
     return hub.With([](TelemetryState& st) { return json{{"ok", true}, {"jobs", JobsJson(st)}}; });
   }
-  if (cmd == "peers") {
+  if (cmd == AdminCmd::kPeers) {
     return hub.With([](TelemetryState& st) {
       return json{{"ok", true}, {"peers", PeersJson(st)}};
     });
   }
-  if (cmd == "queues") {
+  if (cmd == AdminCmd::kQueues) {
     return hub.With([](TelemetryState& st) {
       json j = QueuesJson(st);
       j["ok"] = true;
       return j;
     });
   }
-  if (cmd == "bandwidth") {
+  if (cmd == AdminCmd::kBandwidth) {
     return hub.With([](TelemetryState& st) {
       json j = BandwidthJson(st);
       j["ok"] = true;
       return j;
     });
   }
-  return Error(
-      absl::StrCat("unknown command '", cmd, "' (status, jobs, peers, queues, bandwidth, trace)"));
+  return Error(absl::StrCat("command '", AdminCmdName(cmd), "' is not answered here"));
 }
 
 // ----------------------------------------------------------------------------- server ----
@@ -394,40 +411,26 @@ void AdminServer::Run() {
         const size_t nl = c.in.find('\n');
         if (!c.tracing && !c.closing) {
           if (nl != std::string::npos) {
-            json req = json::parse(c.in.substr(0, nl), nullptr, /*allow_exceptions=*/false);
-            if (req.is_discarded()) {
-              Respond(c, Error("request is not valid JSON"));
-            } else if (req.is_object() && req.value("cmd", "") == "trace") {
-              const std::string job = req.value("job", "");
-              const int64_t iterations = req.value("iterations", int64_t{1});
-              const double timeout_s = req.value("timeout_s", 60.0);
-              const int64_t max_spans =
-                  req.value("max_spans", static_cast<int64_t>(options_.max_trace_spans));
-              if (job.empty()) {
-                Respond(c, Error("trace: missing \"job\""));
-              } else if (iterations < 1 || iterations > 10000) {
-                Respond(c, Error("trace: iterations must be 1..10000"));
-              } else if (!(timeout_s > 0) ||
-                         timeout_s * 1e9 > static_cast<double>(kMaxTraceTimeout)) {
-                Respond(c, Error("trace: timeout_s must be in (0, 600]"));
-              } else if (max_spans < 1 ||
-                         static_cast<uint64_t>(max_spans) > options_.max_trace_spans) {
-                Respond(c, Error(absl::StrCat("trace: max_spans must be 1..",
-                                              options_.max_trace_spans)));
+            // Typed and checked without exceptions: a field of the wrong type is an error
+            // answer, never an uncaught type_error (which used to abort the daemon).
+            const absl::StatusOr<AdminRequest> req = ParseAdminRequest(
+                std::string_view(c.in).substr(0, nl), AdminLimitsOf(options_));
+            if (!req.ok()) {
+              Respond(c, Error(std::string(req.status().message())));
+            } else if (req->cmd == AdminCmd::kTrace) {
+              const TraceRequest& t = req->trace;
+              absl::Status s = hub_->With([&](TelemetryState& st) {
+                return st.StartTrace(t.job, static_cast<int>(t.iterations),
+                                     static_cast<size_t>(t.max_spans), now,
+                                     now + static_cast<TimeNs>(t.timeout_s * 1e9));
+              });
+              if (s.ok()) {
+                c.tracing = true;
               } else {
-                absl::Status s = hub_->With([&](TelemetryState& st) {
-                  return st.StartTrace(job, static_cast<int>(iterations),
-                                       static_cast<size_t>(max_spans), now,
-                                       now + static_cast<TimeNs>(timeout_s * 1e9));
-                });
-                if (s.ok()) {
-                  c.tracing = true;
-                } else {
-                  Respond(c, Error(std::string(s.message())));
-                }
+                Respond(c, Error(std::string(s.message())));
               }
             } else {
-              Respond(c, AdminCommand(*hub_, options_, req));
+              Respond(c, AdminCommand(*hub_, options_, req->cmd));
             }
           } else if (c.in.size() > kMaxRequestBytes) {
             Respond(c, Error("request line too long"));

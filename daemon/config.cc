@@ -30,6 +30,12 @@ ABSL_FLAG(uint64_t, arena_bytes, 0, "default shared-memory arena per client sess
 ABSL_FLAG(uint64_t, max_arena_bytes, uint64_t{1} << 30, "largest arena a client may ask for");
 ABSL_FLAG(uint64_t, partition_bytes, 0, "partition size δ in bytes (0: each policy's default)");
 ABSL_FLAG(uint64_t, credit_bytes, 0, "credit window in bytes (0: each policy's default)");
+ABSL_FLAG(uint32_t, max_sessions, 256, "client sessions this daemon serves at once");
+ABSL_FLAG(uint32_t, max_sessions_per_uid, 64, "client sessions one local uid may hold at once");
+ABSL_FLAG(uint32_t, max_pending_connections, 64,
+          "client connections that have not yet sent their hello (more are refused: busy)");
+ABSL_FLAG(uint32_t, max_pending_per_uid, 16,
+          "client connections one local uid may have waiting to send their hello");
 ABSL_FLAG(uint32_t, max_peer_connections, 1024,
           "peer connections, inbound and outbound (a job of W ranks needs 2(W-1))");
 ABSL_FLAG(uint32_t, max_unauthenticated_peers, 32,
@@ -196,6 +202,16 @@ absl::StatusOr<EngineOptions> OptionsFromFlags() {
   if (const uint64_t a = absl::GetFlag(FLAGS_arena_bytes); a != 0) o.sessions.default_arena_bytes = a;
   if (o.sessions.default_arena_bytes > o.sessions.max_arena_bytes) {
     return absl::InvalidArgumentError("--arena_bytes is above --max_arena_bytes");
+  }
+  o.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  o.sessions.max_sessions_per_uid = absl::GetFlag(FLAGS_max_sessions_per_uid);
+  o.sessions.max_pending = absl::GetFlag(FLAGS_max_pending_connections);
+  o.sessions.max_pending_per_uid = absl::GetFlag(FLAGS_max_pending_per_uid);
+  if (o.sessions.max_sessions == 0 || o.sessions.max_sessions_per_uid == 0 ||
+      o.sessions.max_pending == 0 || o.sessions.max_pending_per_uid == 0) {
+    return absl::InvalidArgumentError(
+        "--max_sessions, --max_sessions_per_uid, --max_pending_connections and "
+        "--max_pending_per_uid must be at least 1");
   }
   o.transport.max_connections = absl::GetFlag(FLAGS_max_peer_connections);
   o.transport.max_unauthenticated = absl::GetFlag(FLAGS_max_unauthenticated_peers);

@@ -123,6 +123,27 @@ std::vector<MetricFamily> CollectMetrics(TelemetryHub& hub) {
     }
   }
   {
+    const SessionServerStats ss = hub.session_stats();
+    MetricFamily& active =
+        fs.Family("gradlane_client_sessions", "client sessions open now", MetricType::Gauge);
+    fs.Gauge(active, {}, static_cast<double>(ss.sessions_active));
+    MetricFamily& refused = fs.Family(
+        "gradlane_client_connections_refused_total",
+        "client connections turned away before they became a session, by reason (not_allowed, "
+        "pending_limit, pending_per_uid_limit, session_limit, sessions_per_uid_limit, "
+        "handshake_timeout, bad_hello)",
+        MetricType::Counter);
+    for (int k = 0; k < static_cast<int>(Refusal::kCount); ++k) {
+      fs.Counter(refused, {{"reason", RefusalName(static_cast<Refusal>(k))}},
+                 static_cast<double>(ss.refused_by_reason[k]));
+    }
+    MetricFamily& control = fs.Family(
+        "gradlane_client_control_messages_refused_total",
+        "control messages on a session refused unread (too long or carrying file descriptors)",
+        MetricType::Counter);
+    fs.Counter(control, {}, static_cast<double>(ss.control_messages_refused));
+  }
+  {
     MetricFamily& f =
         fs.Family("gradlane_jobs_active", "jobs this daemon serves now", MetricType::Gauge);
     fs.Gauge(f, {}, static_cast<double>(es.jobs_active));

@@ -125,6 +125,10 @@ void Session::SendGoodbye(gl_status status, const std::string& why) {
   (void)Reply(GL_MSG_GOODBYE, 0, status, why);
 }
 
+absl::Status Session::RefuseControl(uint64_t request_id, gl_status status, const std::string& why) {
+  return Reply(GL_MSG_REPLY, request_id, status, why);
+}
+
 absl::Status Session::HandleControl(const void* message, size_t length) {
   gl_msg_header h;
   if (length < sizeof(h)) {

@@ -119,6 +119,9 @@ class Session {
   // Sends the hello reply with the arena memfd and both doorbell fds, then drops this side's
   // copy of the memfd (the mapping stays).
   absl::Status SendHelloReply(uint64_t request_id);
+  // Replies `status` to a control message the server could not even read (too long, too many
+  // fds), so that no request goes unanswered.
+  absl::Status RefuseControl(uint64_t request_id, gl_status status, const std::string& why);
 
   // Handles one control message received on the socket (anything after the hello) and sends
   // the reply. Returns an error only if the socket failed (the session should be closed).

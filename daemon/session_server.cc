@@ -18,8 +18,15 @@ namespace gradlane::daemon {
 namespace {
 
 enum Kind : uint64_t {
-  kListener = 1, kPending = 2, kSocket = 3, kPidfd = 4, kDoorbell = 5, kHandoff = 6, kStop = 7
+  kListener = 1, kPending = 2, kSocket = 3, kPidfd = 4, kDoorbell = 5, kHandoff = 6, kStop = 7,
+  kRefused = 8
 };
+// A connection refused at accept gets its reply at once, but is closed only once its hello
+// (sent right after connect) has been read or it hung up: closing a Unix socket with unread
+// input resets it, and the reset would swallow the reply. Held at most this long, and at most
+// kMaxRefusedHeld at a time (the oldest is closed first); each costs one fd, no pending slot.
+constexpr sched::TimeNs kRefusedLinger = sched::kSecond;
+constexpr size_t kMaxRefusedHeld = 256;
 constexpr int kKindShift = 56;
 constexpr uint64_t Token(Kind k, uint64_t id) { return (uint64_t{k} << kKindShift) | id; }
 constexpr Kind TokenKind(uint64_t t) { return static_cast<Kind>(t >> kKindShift); }
@@ -48,6 +55,20 @@ uint32_t NextPowerOfTwo(uint32_t v) {
 
 }  // namespace
 
+const char* RefusalName(Refusal r) {
+  switch (r) {
+    case Refusal::kNotAllowed: return "not_allowed";
+    case Refusal::kPendingFull: return "pending_limit";
+    case Refusal::kPendingPerUid: return "pending_per_uid_limit";
+    case Refusal::kSessionsFull: return "session_limit";
+    case Refusal::kSessionsPerUid: return "sessions_per_uid_limit";
+    case Refusal::kHandshakeTimeout: return "handshake_timeout";
+    case Refusal::kBadHello: return "bad_hello";
+    case Refusal::kCount: break;
+  }
+  return "unknown";
+}
+
 bool AccessPolicy::Allows(uid_t uid, gid_t gid) const {
   if (allow_same_uid && uid == ::geteuid()) return true;
   if (std::find(uids.begin(), uids.end(), uid) != uids.end()) return true;
@@ -58,6 +79,7 @@ struct SessionServer::Pending {
   uint64_t token;
   shm::UniqueFd socket;
   sched::TimeNs deadline;
+  shm::PeerCredentials cred;  // read at accept: admission is decided before the hello
 };
 
 struct SessionServer::Live {
@@ -91,6 +113,9 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Create(SessionServ
   if (options.default_arena_bytes > options.max_arena_bytes) {
     return absl::InvalidArgumentError("default arena size above the maximum");
   }
+  // Claimed first: the listener replaces the socket file, which must never be a live daemon's.
+  auto claim = shm::ClaimSocketPath(options.socket_path);
+  if (!claim.ok()) return claim.status();
   auto listener = shm::ListenUnix(options.socket_path, options.socket_mode);
   if (!listener.ok()) return listener.status();
   shm::UniqueFd ep(::epoll_create1(EPOLL_CLOEXEC));
@@ -99,11 +124,12 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Create(SessionServ
   shm::UniqueFd stop(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!ep.valid() || !acceptor_ep.valid() || !handoff.valid() || !stop.valid()) {
     const int err = errno;
-    ::unlink(options.socket_path.c_str());
+    shm::ReleaseSocketPath(options.socket_path, std::move(*claim));
     return absl::InternalError(absl::StrCat("epoll/eventfd: ", std::strerror(err)));
   }
   auto server = std::unique_ptr<SessionServer>(
       new SessionServer(std::move(options), sink, std::move(*listener), std::move(ep)));
+  server->path_lock_ = std::move(*claim);
   server->acceptor_epoll_ = std::move(acceptor_ep);
   server->handoff_fd_ = std::move(handoff);
   server->stop_fd_ = std::move(stop);
@@ -142,7 +168,7 @@ SessionServer::~SessionServer() {
   while (!sessions_.empty()) {
     CloseSession(sessions_.back()->session->id(), GL_E_DISCONNECTED, "daemon shutting down");
   }
-  ::unlink(options_.socket_path.c_str());
+  shm::ReleaseSocketPath(options_.socket_path, std::move(path_lock_));
 }
 
 void SessionServer::Watch(int fd, uint64_t token, uint32_t events) {
@@ -211,6 +237,7 @@ int SessionServer::PollControl(sched::TimeNs now) {
       case kListener:
       case kPending:
       case kStop:
+      case kRefused:
         break;  // the acceptor thread's
       case kSocket:
         HandleSessionSocket(TokenId(t), events[i].events);
@@ -257,14 +284,16 @@ void SessionServer::AdoptHandedOff() {
 void SessionServer::AcceptorLoop() {
   std::vector<uint8_t> rx(GL_MAX_CONTROL_MESSAGE);
   for (;;) {
-    // Sleep until an event or the earliest hello deadline.
+    // Sleep until an event or the earliest hello (or refusal linger) deadline.
     sched::TimeNs now = MonotonicNow();
     int timeout_ms = -1;
-    for (const auto& p : pending_) {
-      const sched::TimeNs left = p->deadline > now ? p->deadline - now : 0;
+    auto until = [&](sched::TimeNs deadline) {
+      const sched::TimeNs left = deadline > now ? deadline - now : 0;
       const int ms = static_cast<int>(std::min<sched::TimeNs>(left / sched::kMillisecond + 1, 60000));
       timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
-    }
+    };
+    for (const auto& p : pending_) until(p->deadline);
+    for (const Refused& r : refused_) until(r.deadline);
     epoll_event events[16];
     const int n = ::epoll_wait(acceptor_epoll_.get(), events, 16, timeout_ms);
     now = MonotonicNow();
@@ -272,8 +301,12 @@ void SessionServer::AcceptorLoop() {
       const uint64_t t = events[i].data.u64;
       switch (TokenKind(t)) {
         case kStop:
-          pending_.clear();
+          while (!pending_.empty()) DropPending(pending_.size() - 1);
+          refused_.clear();
           return;
+        case kRefused:
+          FinishRefused(TokenId(t));
+          break;
         case kListener:
           if (!AcceptAll(now)) {
             // Out of descriptors or memory: the backlog keeps the clients waiting meanwhile.
@@ -287,12 +320,20 @@ void SessionServer::AcceptorLoop() {
           break;
       }
     }
+    for (size_t i = 0; i < refused_.size();) {
+      if (now >= refused_[i].deadline) {
+        refused_[i] = std::move(refused_.back());
+        refused_.pop_back();
+        continue;
+      }
+      ++i;
+    }
     // Connections that never said hello.
     for (size_t i = 0; i < pending_.size();) {
       if (now >= pending_[i]->deadline) {
-        ::epoll_ctl(acceptor_epoll_.get(), EPOLL_CTL_DEL, pending_[i]->socket.get(), nullptr);
-        pending_[i] = std::move(pending_.back());
-        pending_.pop_back();
+        RejectHandshake(pending_[i]->socket.get(), 0, GL_E_TIMEOUT, Refusal::kHandshakeTimeout,
+                        "no hello within the handshake timeout");
+        DropPending(i);
         continue;
       }
       ++i;
@@ -308,23 +349,99 @@ bool SessionServer::AcceptAll(sched::TimeNs now) {
       // readable: the caller must pause, or the acceptor thread would spin on it.
       return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED;
     }
-    if (pending_.size() >= options_.max_pending) {
-      // Someone is opening connections without saying hello: do not let them pile up.
-      ::close(fd);
-      handshakes_rejected_.fetch_add(1, std::memory_order_relaxed);
+    shm::UniqueFd socket(fd);
+    // Admission before the hello: the kernel vouches for the credentials at connect time, so a
+    // refused user never holds a pending slot, and a busy daemon says why instead of vanishing.
+    auto refuse = [&](gl_status status, Refusal reason, const std::string& why) {
+      RejectHandshake(fd, 0, status, reason, why);
+      HoldRefused(std::move(socket), now);
+    };
+    auto cred = shm::GetPeerCredentials(fd);
+    if (!cred.ok()) {
+      refuse(GL_E_IO, Refusal::kBadHello, std::string(cred.status().message()));
       continue;
     }
+    if (!options_.policy.Allows(cred->uid, cred->gid)) {
+      refuse(GL_E_PERMISSION, Refusal::kNotAllowed,
+             absl::StrCat("uid ", cred->uid, " gid ", cred->gid,
+                          " is not allowed to use this daemon"));
+      continue;
+    }
+    const auto mine = pending_per_uid_.find(cred->uid);
+    const uint32_t held = mine == pending_per_uid_.end() ? 0 : mine->second;
+    if (held >= options_.max_pending_per_uid) {
+      refuse(GL_E_BUSY, Refusal::kPendingPerUid,
+             absl::StrCat("uid ", cred->uid, " already has ", held,
+                          " connections waiting to say hello (limit ",
+                          options_.max_pending_per_uid, ", --max_pending_per_uid)"));
+      continue;
+    }
+    if (pending_.size() >= options_.max_pending) {
+      refuse(GL_E_BUSY, Refusal::kPendingFull,
+             absl::StrCat(pending_.size(), " connections are waiting to say hello (limit ",
+                          options_.max_pending, ", --max_pending_connections)"));
+      continue;
+    }
+    ++pending_per_uid_[cred->uid];
     auto p = std::make_unique<Pending>();
     p->token = next_id_.fetch_add(1, std::memory_order_relaxed);
-    p->socket.Reset(fd);
+    p->socket = std::move(socket);
     p->deadline = now + options_.handshake_timeout;
+    p->cred = *cred;
     AcceptorWatch(fd, Token(kPending, p->token), EPOLLIN | EPOLLRDHUP);
     pending_.push_back(std::move(p));
   }
 }
 
-void SessionServer::RejectHandshake(Pending& p, uint64_t request_id, gl_status status,
-                                    const std::string& why) {
+void SessionServer::HoldRefused(shm::UniqueFd socket, sched::TimeNs now) {
+  if (refused_.size() >= kMaxRefusedHeld) {
+    auto oldest = std::min_element(refused_.begin(), refused_.end(),
+                                   [](const Refused& a, const Refused& b) { return a.deadline < b.deadline; });
+    *oldest = std::move(refused_.back());
+    refused_.pop_back();
+  }
+  const uint64_t token = next_id_.fetch_add(1, std::memory_order_relaxed);
+  AcceptorWatch(socket.get(), Token(kRefused, token), EPOLLIN | EPOLLRDHUP);
+  refused_.push_back(Refused{token, std::move(socket), now + kRefusedLinger});
+}
+
+void SessionServer::FinishRefused(uint64_t token) {
+  auto it = std::find_if(refused_.begin(), refused_.end(),
+                         [&](const Refused& r) { return r.token == token; });
+  if (it == refused_.end()) return;
+  // Read what the client sent (its hello) so that closing does not reset the connection.
+  char sink[512];
+  while (::recv(it->socket.get(), sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+  }
+  *it = std::move(refused_.back());
+  refused_.pop_back();  // closes it: the client reads its reply, then end of file
+}
+
+void SessionServer::DropPending(size_t i) {
+  Pending& p = *pending_[i];
+  if (p.socket.valid()) ::epoll_ctl(acceptor_epoll_.get(), EPOLL_CTL_DEL, p.socket.get(), nullptr);
+  auto it = pending_per_uid_.find(p.cred.uid);
+  if (it != pending_per_uid_.end() && --it->second == 0) pending_per_uid_.erase(it);
+  pending_[i] = std::move(pending_.back());
+  pending_.pop_back();
+}
+
+bool SessionServer::TakeSessionSlot(uid_t uid) {
+  std::lock_guard<std::mutex> lock(uid_sessions_mu_);
+  uint32_t& n = sessions_per_uid_[uid];
+  if (n >= options_.max_sessions_per_uid) return false;
+  ++n;
+  return true;
+}
+
+void SessionServer::ReleaseSessionSlot(uid_t uid) {
+  std::lock_guard<std::mutex> lock(uid_sessions_mu_);
+  auto it = sessions_per_uid_.find(uid);
+  if (it != sessions_per_uid_.end() && --it->second == 0) sessions_per_uid_.erase(it);
+}
+
+void SessionServer::RejectHandshake(int fd, uint64_t request_id, gl_status status,
+                                    Refusal reason, const std::string& why) {
   gl_hello_reply r{};
   r.header.type = GL_MSG_HELLO_REPLY;
   r.header.length = sizeof(r);
@@ -332,29 +449,31 @@ void SessionServer::RejectHandshake(Pending& p, uint64_t request_id, gl_status s
   r.status = status;
   r.abi_version = GL_ABI_VERSION;
   CopyMessage(r.message, why);
-  (void)shm::SendMessage(p.socket.get(), &r, sizeof(r));
+  (void)shm::SendMessage(fd, &r, sizeof(r));
   handshakes_rejected_.fetch_add(1, std::memory_order_relaxed);
   rejected_by_status_[status].fetch_add(1, std::memory_order_relaxed);
+  refused_by_reason_[static_cast<int>(reason)].fetch_add(1, std::memory_order_relaxed);
 }
 
 void SessionServer::HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf) {
   auto it = std::find_if(pending_.begin(), pending_.end(),
                          [&](const auto& p) { return p->token == token; });
   if (it == pending_.end()) return;
-  std::unique_ptr<Pending> p = std::move(*it);
-  *it = std::move(pending_.back());
-  pending_.pop_back();
-  ::epoll_ctl(acceptor_epoll_.get(), EPOLL_CTL_DEL, p->socket.get(), nullptr);
+  auto p = std::make_unique<Pending>();
+  std::swap(p, *it);
+  DropPending(static_cast<size_t>(it - pending_.begin()));  // releases the uid's pending slot
 
   std::array<shm::UniqueFd, shm::kMaxPassedFds> stray;  // a hello carries no fds: dropped
   auto rx = shm::ReceiveMessage(p->socket.get(), rx_buf.data(), rx_buf.size(), stray);
   if (!rx.ok()) {
     if (absl::IsUnavailable(rx.status())) {  // spurious wake-up: keep waiting
+      ++pending_per_uid_[p->cred.uid];
       AcceptorWatch(p->socket.get(), Token(kPending, p->token), EPOLLIN | EPOLLRDHUP);
       pending_.push_back(std::move(p));
       return;
     }
-    RejectHandshake(*p, 0, GL_E_PROTOCOL, std::string(rx.status().message()));
+    RejectHandshake(p->socket.get(), 0, GL_E_PROTOCOL, Refusal::kBadHello,
+                    std::string(rx.status().message()));
     return;
   }
   if (rx->eof) return;  // connected and left
@@ -366,9 +485,9 @@ void SessionServer::HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf) 
       std::memcpy(&magic, rx_buf.data() + offsetof(gl_hello, magic), sizeof(magic));
     }
     if (magic != GL_ABI_MAGIC) {
-      RejectHandshake(*p, 0, GL_E_BAD_MAGIC, "not a gradlane client (bad magic in hello)");
+      RejectHandshake(p->socket.get(), 0, GL_E_BAD_MAGIC, Refusal::kBadHello, "not a gradlane client (bad magic in hello)");
     } else {
-      RejectHandshake(*p, 0, GL_E_BAD_VERSION,
+      RejectHandshake(p->socket.get(), 0, GL_E_BAD_VERSION, Refusal::kBadHello,
                       absl::StrCat("hello of ", rx->bytes, " bytes: not ABI version ",
                                    GL_ABI_VERSION, " (", sizeof(gl_hello), " bytes)"));
     }
@@ -376,35 +495,33 @@ void SessionServer::HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf) 
   }
   std::memcpy(&h, rx_buf.data(), sizeof(h));
   if (h.magic != GL_ABI_MAGIC) {
-    RejectHandshake(*p, h.header.request_id, GL_E_BAD_MAGIC,
+    RejectHandshake(p->socket.get(), h.header.request_id, GL_E_BAD_MAGIC, Refusal::kBadHello,
                     absl::StrCat("bad magic 0x", absl::Hex(h.magic), " in hello (want 0x",
                                  absl::Hex(GL_ABI_MAGIC), "): not a gradlane client"));
     return;
   }
   if (h.abi_version != GL_ABI_VERSION) {
-    RejectHandshake(*p, h.header.request_id, GL_E_BAD_VERSION,
+    RejectHandshake(p->socket.get(), h.header.request_id, GL_E_BAD_VERSION, Refusal::kBadHello,
                     absl::StrCat("client speaks ABI version ", h.abi_version,
                                  ", this daemon speaks ", GL_ABI_VERSION));
     return;
   }
   if (h.header.type != GL_MSG_HELLO || h.header.length != sizeof(h) || h.reserved != 0) {
-    RejectHandshake(*p, h.header.request_id, GL_E_PROTOCOL, "malformed hello header");
+    RejectHandshake(p->socket.get(), h.header.request_id, GL_E_PROTOCOL, Refusal::kBadHello,
+                    "malformed hello header");
     return;
   }
-  auto cred = shm::GetPeerCredentials(p->socket.get());
-  if (!cred.ok()) {
-    RejectHandshake(*p, h.header.request_id, GL_E_IO, std::string(cred.status().message()));
-    return;
-  }
-  if (!options_.policy.Allows(cred->uid, cred->gid)) {
-    RejectHandshake(*p, h.header.request_id, GL_E_PERMISSION,
-                    absl::StrCat("uid ", cred->uid, " gid ", cred->gid,
-                                 " is not allowed to use this daemon"));
-    return;
-  }
+  const shm::PeerCredentials* cred = &p->cred;  // checked against the policy at accept
   if (live_sessions_.load(std::memory_order_relaxed) >= options_.max_sessions) {
-    RejectHandshake(*p, h.header.request_id, GL_E_NO_MEMORY,
-                    absl::StrCat("session limit (", options_.max_sessions, ") reached"));
+    RejectHandshake(p->socket.get(), h.header.request_id, GL_E_BUSY, Refusal::kSessionsFull,
+                    absl::StrCat("session limit (", options_.max_sessions,
+                                 ", --max_sessions) reached"));
+    return;
+  }
+  if (!TakeSessionSlot(cred->uid)) {
+    RejectHandshake(p->socket.get(), h.header.request_id, GL_E_BUSY, Refusal::kSessionsPerUid,
+                    absl::StrCat("uid ", cred->uid, " already has ", options_.max_sessions_per_uid,
+                                 " sessions (limit --max_sessions_per_uid)"));
     return;
   }
   uint32_t slots = h.ring_slots == 0 ? options_.default_ring_slots : NextPowerOfTwo(h.ring_slots);
@@ -413,15 +530,23 @@ void SessionServer::HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf) 
   bytes = std::min(bytes, options_.max_arena_bytes);
 
   const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  const int fd = p->socket.get();
   auto session = Session::Create(id, std::move(p->socket), *cred, slots, bytes);
   if (!session.ok()) {
-    RejectHandshake(*p, h.header.request_id, GL_E_NO_MEMORY,
-                    absl::StrCat("cannot create the session: ", session.status().message()));
+    ReleaseSessionSlot(cred->uid);
+    // Create failed before taking the socket only if it could not start; the fd is still ours.
+    if (p->socket.valid()) {
+      RejectHandshake(fd, h.header.request_id, GL_E_NO_MEMORY, Refusal::kBadHello,
+                      absl::StrCat("cannot create the session: ", session.status().message()));
+    }
     return;
   }
   auto live = std::make_unique<Live>();
   live->session = std::move(*session);
-  if (absl::Status s = live->session->SendHelloReply(h.header.request_id); !s.ok()) return;
+  if (absl::Status s = live->session->SendHelloReply(h.header.request_id); !s.ok()) {
+    ReleaseSessionSlot(cred->uid);
+    return;
+  }
   live->pidfd.Reset(PidfdOpen(cred->pid));
   live_sessions_.fetch_add(1, std::memory_order_relaxed);
   sessions_accepted_.fetch_add(1, std::memory_order_relaxed);
@@ -439,10 +564,29 @@ void SessionServer::HandleSessionSocket(uint64_t session_id, uint32_t events) {
   // Drain every message first: a client may send a request and close right away.
   for (int i = 0; i < 64; ++i) {
     std::array<shm::UniqueFd, shm::kMaxPassedFds> stray;  // fds from a client are never kept
+    // Zeroed so that a refused message shorter than a header reads as request id 0.
+    std::memset(rx_buf_.data(), 0, sizeof(gl_msg_header));
     auto rx = shm::ReceiveMessage(s->socket_fd(), rx_buf_.data(), rx_buf_.size(), stray);
     if (!rx.ok()) {
       if (absl::IsUnavailable(rx.status())) break;
-      if (absl::IsOutOfRange(rx.status())) continue;  // oversized: dropped, session goes on
+      if (absl::IsOutOfRange(rx.status())) {
+        // Too long for the buffer, or too many fds: the message is gone, the session goes on,
+        // and the client gets its reply like for any other refused request. What was read of
+        // it holds the header (a message too long is at least the buffer long).
+        gl_msg_header h;
+        std::memcpy(&h, rx_buf_.data(), sizeof(h));
+        control_messages_refused_.fetch_add(1, std::memory_order_relaxed);
+        if (!s->RefuseControl(h.request_id, GL_E_PROTOCOL,
+                              absl::StrCat("control message refused: ", rx.status().message(),
+                                           " (at most ", GL_MAX_CONTROL_MESSAGE, " bytes and ",
+                                           shm::kMaxPassedFds, " file descriptors)"))
+                 .ok()) {
+          ++totals_.clients_died;
+          CloseSession(session_id, GL_E_IO, "reply failed");
+          return;
+        }
+        continue;
+      }
       ++totals_.clients_died;
       CloseSession(session_id, GL_E_IO, std::string(rx.status().message()));
       return;
@@ -488,6 +632,7 @@ void SessionServer::CloseSession(uint64_t session_id, gl_status reason, const st
   }
   ++totals_.sessions_closed;
   live_sessions_.fetch_sub(1, std::memory_order_relaxed);
+  ReleaseSessionSlot(s.peer().uid);
   live.reset();
   Publish();
 }
@@ -563,6 +708,10 @@ SessionServerStats SessionServer::Stats() const {
     t.bad_by_status[k] = published_bad_[k].load(std::memory_order_relaxed);
     t.rejected_by_status[k] = rejected_by_status_[k].load(std::memory_order_relaxed);
   }
+  for (int k = 0; k < static_cast<int>(Refusal::kCount); ++k) {
+    t.refused_by_reason[k] = refused_by_reason_[k].load(std::memory_order_relaxed);
+  }
+  t.control_messages_refused = control_messages_refused_.load(std::memory_order_relaxed);
   // The acceptor thread's counts are live, not published: a handshake refused while the
   // engine is idle shows up at once.
   t.sessions_accepted = sessions_accepted_.load(std::memory_order_relaxed);

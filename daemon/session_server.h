@@ -10,11 +10,21 @@
 //   part that costs milliseconds for a large arena). A ready session is handed to the engine
 //   thread through a locked queue and an eventfd, so a client connecting never stalls the data
 //   path; the engine thread adopts it on its next control round.
-// - Handshake: the first message must be a gl_hello of the right size, magic and ABI version,
-//   from a peer whose SO_PEERCRED uid/gid the AccessPolicy allows; otherwise the client gets a
-//   gl_hello_reply with GL_E_BAD_MAGIC / GL_E_BAD_VERSION / GL_E_PERMISSION / GL_E_PROTOCOL and
-//   a readable message, and the connection is closed. A connection that says nothing within
-//   `handshake_timeout` is closed.
+// - The socket path: Create() takes it only from a dead owner. It holds an exclusive lock on
+//   `<socket>.lock` (which names its pid) for its whole life and also refuses a path a live
+//   process still answers on, so a second daemon never unlinks the socket of a running one;
+//   its error names the pid that serves it.
+// - Admission: the SO_PEERCRED credentials are checked the moment a connection is accepted; a
+//   uid the AccessPolicy refuses gets GL_E_PERMISSION at once and holds nothing. Connections
+//   owing their hello are bounded in all (`max_pending`) and per uid (`max_pending_per_uid`),
+//   sessions in all (`max_sessions`) and per uid (`max_sessions_per_uid`); a connection over a
+//   limit gets GL_E_BUSY naming the limit. Every refusal is counted by reason (Stats()).
+// - Handshake: the first message must be a gl_hello of the right size, magic and ABI version;
+//   otherwise the client gets a gl_hello_reply with GL_E_BAD_MAGIC / GL_E_BAD_VERSION /
+//   GL_E_PROTOCOL and a readable message, and the connection is closed. A connection that says
+//   nothing within `handshake_timeout` is closed.
+// - Every control message on a session gets a reply, a refused one included (too long for
+//   GL_MAX_CONTROL_MESSAGE, or carrying file descriptors beyond what a message may pass).
 // - Death: each session is watched through a pidfd (pidfd_open of the SO_PEERCRED pid) and its
 //   socket (hang-up). With PollOnce() called at least every `control_interval` (or Wait()
 //   sleeping), a dead client is noticed within that interval, and its arena, ids and counters
@@ -36,6 +46,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/session.h"
@@ -61,13 +72,29 @@ struct SessionServerOptions {
   uint32_t default_ring_slots = 1024;
   uint32_t max_ring_slots = 1u << 16;
   uint32_t max_sessions = 256;
-  uint32_t max_pending = 64;  // connections still owing their hello; more are closed at once
+  uint32_t max_pending = 64;  // connections still owing their hello; more are refused at once
+  uint32_t max_pending_per_uid = 16;
+  uint32_t max_sessions_per_uid = 64;
   sched::TimeNs control_interval = sched::kMillisecond;
   sched::TimeNs handshake_timeout = 5 * sched::kSecond;
   uint32_t poll_budget = 256;  // submissions taken per session per PollOnce
   // Test mode: complete every valid post at once with GL_OK (no engine behind the server).
   bool loopback_complete = false;
 };
+
+// Why a connection was turned away before it became a session.
+enum class Refusal : int {
+  kNotAllowed = 0,    // the AccessPolicy refuses its uid/gid
+  kPendingFull,       // max_pending connections owe their hello
+  kPendingPerUid,     // this uid has max_pending_per_uid connections owing their hello
+  kSessionsFull,      // max_sessions sessions
+  kSessionsPerUid,    // this uid has max_sessions_per_uid sessions
+  kHandshakeTimeout,  // said nothing within handshake_timeout
+  kBadHello,          // wrong magic, version or framing
+  kCount
+};
+// Stable lower-case names (metric labels, gradlanectl).
+const char* RefusalName(Refusal r);
 
 // Counters, readable from any thread.
 struct SessionServerStats {
@@ -78,6 +105,8 @@ struct SessionServerStats {
   uint64_t corrupt_disconnects = 0;   // ring headers/indices broken by the client
   uint64_t handshakes_rejected = 0;
   std::array<uint64_t, GL_STATUS_COUNT> rejected_by_status{};
+  std::array<uint64_t, static_cast<int>(Refusal::kCount)> refused_by_reason{};
+  uint64_t control_messages_refused = 0;  // on a session: too long, or with too many fds
   uint64_t posts_ok = 0;
   uint64_t completions = 0;
   uint64_t bad_descriptors = 0;
@@ -139,7 +168,18 @@ class SessionServer {
   // False when accept failed for a reason other than an empty backlog (EMFILE, ENOMEM).
   bool AcceptAll(sched::TimeNs now);
   void HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf);
-  void RejectHandshake(Pending& p, uint64_t request_id, gl_status status, const std::string& why);
+  // Sends a gl_hello_reply with `status` and `why` on `fd` (best effort) and counts it.
+  void RejectHandshake(int fd, uint64_t request_id, gl_status status, Refusal reason,
+                       const std::string& why);
+  // Removes pending_[i] (swap with the last), releasing its uid's pending count.
+  void DropPending(size_t i);
+  // A connection refused at accept: kept (one fd, no pending slot) until its hello is read or
+  // it hangs up, so that closing it does not reset away the reply.
+  void HoldRefused(shm::UniqueFd socket, sched::TimeNs now);
+  void FinishRefused(uint64_t token);
+  // Per-uid session counts: taken by the acceptor, released by the engine thread.
+  bool TakeSessionSlot(uid_t uid);
+  void ReleaseSessionSlot(uid_t uid);
   void HandleSessionSocket(uint64_t session_id, uint32_t events);
   void CloseSession(uint64_t session_id, gl_status reason, const std::string& why);
   void Publish();
@@ -147,6 +187,7 @@ class SessionServer {
   void Unwatch(int fd);
 
   SessionServerOptions options_;
+  shm::UniqueFd path_lock_;  // flock'ed <socket>.lock: this server owns the socket path
   PostSink* sink_;
   std::unique_ptr<LoopbackSink> loopback_;
   shm::UniqueFd listener_;
@@ -160,6 +201,15 @@ class SessionServer {
   shm::UniqueFd acceptor_epoll_;
   shm::UniqueFd stop_fd_;
   std::vector<std::unique_ptr<Pending>> pending_;
+  struct Refused {
+    uint64_t token;
+    shm::UniqueFd socket;
+    sched::TimeNs deadline;
+  };
+  std::vector<Refused> refused_;  // acceptor thread only
+  absl::flat_hash_map<uid_t, uint32_t> pending_per_uid_;  // acceptor thread only
+  std::mutex uid_sessions_mu_;
+  absl::flat_hash_map<uid_t, uint32_t> sessions_per_uid_;  // guarded by uid_sessions_mu_
   std::mutex handoff_mu_;
   std::vector<std::unique_ptr<Live>> handoff_;  // guarded by handoff_mu_
   shm::UniqueFd handoff_fd_;                    // eventfd in epoll_: sessions wait in handoff_
@@ -167,6 +217,8 @@ class SessionServer {
   std::atomic<uint64_t> sessions_accepted_{0};
   std::atomic<uint64_t> handshakes_rejected_{0};
   std::array<std::atomic<uint64_t>, GL_STATUS_COUNT> rejected_by_status_{};
+  std::array<std::atomic<uint64_t>, static_cast<int>(Refusal::kCount)> refused_by_reason_{};
+  std::atomic<uint64_t> control_messages_refused_{0};
   sched::TimeNs last_control_ = 0;
   bool control_pending_ = true;
   std::vector<uint8_t> rx_buf_;  // control messages (allocated once)

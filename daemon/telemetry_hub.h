@@ -27,6 +27,7 @@ struct HubSources {
   Telemetry* telemetry = nullptr;                              // required
   std::function<EngineStats()> engine_stats;                   // optional
   std::function<transport::TransportStats()> transport_stats;  // optional
+  std::function<SessionServerStats()> session_stats;           // optional
   // The NIC port's rate for utilization (bytes/s); 0: unknown (not exported).
   double link_bytes_per_second = 0;
   std::string version;
@@ -51,6 +52,9 @@ class TelemetryHub {
   }
   transport::TransportStats transport_stats() const {
     return sources_.transport_stats ? sources_.transport_stats() : transport::TransportStats{};
+  }
+  SessionServerStats session_stats() const {
+    return sources_.session_stats ? sources_.session_stats() : SessionServerStats{};
   }
   uint64_t events_dropped() const { return sources_.telemetry->ring().dropped(); }
   sched::TimeNs heartbeat() const { return sources_.telemetry->heartbeat(); }

@@ -186,6 +186,7 @@ const char* gl_strerror(int status) {
     case GL_E_RING_CORRUPT: return "shared ring corrupted";
     case GL_E_IO: return "system call failed";
     case GL_E_INTERNAL: return "internal error";
+    case GL_E_BUSY: return "the daemon is at a connection or session limit: retry later";
     default: return "unknown status";
   }
 }
@@ -227,8 +228,11 @@ int gl_connect(const gl_connect_options* options, gl_client** out) {
   h.pid = ::getpid();
   h.ring_slots = o.ring_slots;
   h.arena_bytes = o.arena_bytes;
-  if (absl::Status s = gradlane::shm::SendMessage(c->socket.get(), &h, sizeof(h)); !s.ok()) {
-    return Fail(nullptr, GL_E_DISCONNECTED, std::string(s.message()));
+  // The daemon decides admission when it accepts, before our hello: a refusal may already be
+  // waiting and the socket closed, so a failed send still reads the reply that explains it.
+  const absl::Status sent = gradlane::shm::SendMessage(c->socket.get(), &h, sizeof(h));
+  if (!sent.ok() && !gradlane::shm::WaitReadable(c->socket.get(), 0).ok()) {
+    return Fail(nullptr, GL_E_DISCONNECTED, std::string(sent.message()));
   }
   if (absl::Status s = gradlane::shm::WaitReadable(c->socket.get(), c->timeout_ms); !s.ok()) {
     return Fail(nullptr, FromStatus(s), absl::StrCat("hello: ", s.message()));
@@ -381,6 +385,8 @@ int gl_testing_control(gl_client* c, const void* msg, uint32_t len, uint64_t req
   if (c == nullptr || msg == nullptr || reply == nullptr) return GL_E_INVALID_ARGUMENT;
   return Request(c, msg, len, request_id, reply);
 }
+
+int gl_testing_socket_fd(gl_client* c) { return c == nullptr ? -1 : c->socket.get(); }
 
 int gl_poll(gl_client* c, gl_completion* out, uint32_t max, uint32_t* count) {
   if (c == nullptr || count == nullptr || (out == nullptr && max > 0)) return GL_E_INVALID_ARGUMENT;

@@ -17,6 +17,10 @@ int gl_testing_post_raw(gl_client* c, const gl_sqe* sqe);
 int gl_testing_control(gl_client* c, const void* msg, uint32_t len, uint64_t request_id,
                        gl_reply* reply);
 
+/* The session's control socket (owned by the client), for tests that send what the library
+ * never would (e.g. more file descriptors than a message may carry). */
+int gl_testing_socket_fd(gl_client* c);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

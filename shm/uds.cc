@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -34,16 +35,76 @@ absl::StatusOr<sockaddr_un> MakeAddress(const std::string& path) {
   return addr;
 }
 
-}  // namespace
-
-absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, mode_t mode) {
-  auto addr = MakeAddress(path);
-  if (!addr.ok()) return addr.status();
+absl::Status MakeParentDir(const std::string& path) {
   const size_t slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {
     const std::string dir = path.substr(0, slash);
     if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return Errno(absl::StrCat("mkdir ", dir));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<UniqueFd> ClaimSocketPath(const std::string& path) {
+  auto addr = MakeAddress(path);
+  if (!addr.ok()) return addr.status();
+  if (absl::Status s = MakeParentDir(path); !s.ok()) return s;
+  const std::string lock_path = path + ".lock";
+  UniqueFd lock;
+  for (int attempt = 0;; ++attempt) {
+    lock.Reset(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+    if (!lock.valid()) return Errno(absl::StrCat("open ", lock_path));
+    if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno != EWOULDBLOCK) return Errno(absl::StrCat("flock ", lock_path));
+      char pid[32] = {};
+      const ssize_t n = ::pread(lock.get(), pid, sizeof(pid) - 1, 0);
+      std::string owner = n > 0 ? std::string(pid, static_cast<size_t>(n)) : "";
+      while (!owner.empty() && (owner.back() == '\n' || owner.back() == ' ')) owner.pop_back();
+      return absl::AlreadyExistsError(absl::StrCat(
+          path, " is served by gradlaned pid ", owner.empty() ? "(unknown)" : owner,
+          " (it holds ", lock_path, "): stop that daemon or choose another --socket"));
+    }
+    // The owner removes the file while it still holds the lock (ReleaseSocketPath): a lock
+    // taken on a file no longer at lock_path is no claim. Look again.
+    struct stat held, named;
+    if (::fstat(lock.get(), &held) == 0 && ::stat(lock_path.c_str(), &named) == 0 &&
+        held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
+      break;
+    }
+    if (attempt == 8) return absl::UnavailableError(absl::StrCat(lock_path, " keeps changing"));
+  }
+  // A listener that took no lock (an older daemon, another program) still answers a connect.
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+    UniqueFd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (probe.valid() &&
+        (::connect(probe.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) == 0 ||
+         errno == EAGAIN)) {
+      auto cred = GetPeerCredentials(probe.get());
+      return absl::AlreadyExistsError(absl::StrCat(
+          path, " is served by pid ", cred.ok() ? absl::StrCat(cred->pid) : "(unknown)",
+          ", which holds no lock on ", lock_path, ": stop it or choose another --socket"));
+    }
+  }
+  const std::string me = absl::StrCat(::getpid(), "\n");
+  if (::ftruncate(lock.get(), 0) != 0 || ::pwrite(lock.get(), me.data(), me.size(), 0) < 0) {
+    return Errno(absl::StrCat("write ", lock_path));
+  }
+  return lock;
+}
+
+void ReleaseSocketPath(const std::string& path, UniqueFd lock) {
+  if (!lock.valid()) return;
+  ::unlink(path.c_str());
+  ::unlink((path + ".lock").c_str());
+  lock.Reset();  // only now may the next claimant lock a (new) file
+}
+
+absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, mode_t mode) {
+  auto addr = MakeAddress(path);
+  if (!addr.ok()) return addr.status();
+  if (absl::Status s = MakeParentDir(path); !s.ok()) return s;
   struct stat st;
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {

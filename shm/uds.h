@@ -24,8 +24,19 @@ namespace gradlane::shm {
 
 inline constexpr size_t kMaxPassedFds = 4;
 
+// Claims `path` for a listener before ListenUnix may replace it: takes an exclusive flock on
+// `<path>.lock` (created if missing), writes our pid into it, and refuses a socket file a live
+// process still answers on (one that took no lock). The claim lasts while the returned fd is
+// open; a lock file removed by its owner before it let go is not a claim (checked by inode).
+// AlreadyExists when another process owns the path; the message names its pid.
+absl::StatusOr<UniqueFd> ClaimSocketPath(const std::string& path);
+// Ends a claim: removes the socket file and the lock file while still holding the lock, then
+// lets go. A process that dies without it leaves both; the next claim takes them over.
+void ReleaseSocketPath(const std::string& path, UniqueFd lock);
+
 // Binds and listens on `path` (non-blocking). Creates the parent directory if missing and
-// replaces a stale socket file; refuses to replace anything that is not a socket.
+// replaces a stale socket file; refuses to replace anything that is not a socket. Call it
+// with the path claimed (ClaimSocketPath), or it may unlink a live listener's socket.
 absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, mode_t mode = 0666);
 
 // Connects (blocking) to the socket at `path`.

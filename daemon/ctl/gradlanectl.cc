@@ -161,6 +161,19 @@ void PrintStatus(const json& r) {
   const double hb = Num(r, "engine_heartbeat_age_seconds");
   std::printf("engine         %s (last housekeeping %s ago)\n",
               hb >= 0 && hb < 1 ? "running" : "NOT RESPONDING", Secs(hb).c_str());
+  std::string refused;
+  uint64_t refused_total = 0;
+  if (r.contains("client_connections_refused") && r["client_connections_refused"].is_object()) {
+    for (const auto& [reason, n] : r["client_connections_refused"].items()) {
+      if (!n.is_number_unsigned() || n.get<uint64_t>() == 0) continue;
+      refused_total += n.get<uint64_t>();
+      refused += (refused.empty() ? " (" : ", ") + reason + " " + std::to_string(n.get<uint64_t>());
+    }
+  }
+  if (!refused.empty()) refused += ")";
+  std::printf("clients        %s sessions; %llu connections refused%s\n",
+              Str(r, "client_sessions").c_str(), static_cast<unsigned long long>(refused_total),
+              refused.c_str());
   std::printf("jobs           %s active, %s failed\n", Str(r, "jobs_active").c_str(),
               Str(r, "jobs_failed").c_str());
   std::printf("posts          %s completed, %s failed\n", Str(r, "posts_completed").c_str(),
