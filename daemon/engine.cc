@@ -691,7 +691,8 @@ RecvTarget Engine<T>::ResolveRecv_st(const transport::PeerInfo& peer,
   }
   if (!job->peers[r].manifest_ok || h.length == 0) return reject();
   Part* p = PartAt(*job, tid, h.offset);
-  if (p == nullptr) return reject();
+  // The key names the partition too: frames are placed by offset, so the two must agree.
+  if (p == nullptr || sched::KeyPartition(h.key) != p->index) return reject();
   const JobTensor& t = job->tensors[tid];
   if (h.dtype != static_cast<uint8_t>(t.spec.dtype) || h.length % sched::DTypeBytes(t.spec.dtype) != 0 ||
       h.offset % sched::DTypeBytes(t.spec.dtype) != 0 || h.offset + h.length > p->offset + p->length) {

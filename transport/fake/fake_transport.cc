@@ -250,6 +250,7 @@ void FakeTransport::TryHello(PeerHandle h, TimeNs now) {
 void FakeTransport::Deliver(const std::string& to, Message m) {
   FakeTransport* r = network_->Find(to);
   if (r == nullptr || r->silenced_ || silenced_) return;  // dropped on the floor
+  if (network_->tamper_ && m.type == FrameType::kData) network_->tamper_(m.header);
   r->inbox_.push_back(std::move(m));
 }
 

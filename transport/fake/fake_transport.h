@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -44,6 +45,8 @@ class FakeNetwork {
   // A by_piece receive target gets the payload in pieces of this many bytes (the last may be
   // shorter), as a packet backend would; 0: in one piece.
   void set_piece_bytes(uint32_t bytes) { piece_bytes_ = bytes; }
+  // A hostile peer: every data frame's header passes through `tamper` on its way (null: none).
+  void set_tamper(std::function<void(FrameHeader&)> tamper) { tamper_ = std::move(tamper); }
 
   // The endpoint listening at `address` vanishes. silent=false: like a killed process, its peers
   // see a reset on their next Progress_st. silent=true: like a pulled cable, every frame to or
@@ -57,6 +60,7 @@ class FakeNetwork {
   absl::flat_hash_map<std::string, FakeTransport*> endpoints_;
   TimeNs delay_ = 0;
   uint32_t piece_bytes_ = 0;
+  std::function<void(FrameHeader&)> tamper_;
   uint16_t next_port_ = 1;
   int next_identity_ = 0;
 };

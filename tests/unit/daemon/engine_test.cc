@@ -63,6 +63,10 @@ class Cluster {
   void SetPieceBytes(uint32_t bytes) {
     OnDriver([&] { net_.set_piece_bytes(bytes); });
   }
+  // Every data frame's header passes through `tamper` (a hostile but authenticated peer).
+  void TamperFrames(std::function<void(transport::FrameHeader&)> tamper) {
+    OnDriver([&] { net_.set_tamper(std::move(tamper)); });
+  }
   const std::string& socket(int i) const { return sockets_[i]; }
   EngineStats Stats(int i) const { return engines_[i]->Stats(); }
 
@@ -414,6 +418,24 @@ std::vector<std::vector<int>> PostOneIterationPerRank(C& cluster, const JobSpec&
   }
   for (auto& t : threads) t.join();
   return statuses;
+}
+
+TEST(EngineTest, APushWhoseKeyNamesAnotherPartitionIsRejected) {
+  // Frames are placed by offset, so a key whose partition bits disagree with the offset (here
+  // partition 5 of a one-partition tensor) must be refused, not reduced into partition 0.
+  Cluster cluster(2, TestOptions(), "keypart");
+  cluster.TamperFrames([](transport::FrameHeader& h) {
+    if (h.direction == static_cast<uint8_t>(sched::Direction::kPush) &&
+        sched::KeyTensor(h.key) == 0) {
+      h.key = sched::MakeKey(0, 5);
+    }
+  });
+  JobSpec job{"keypart", 2, "bytescheduler", "secret", {{"one", 64, GL_DTYPE_F32, 0}}, 31};
+  const std::vector<std::vector<int>> st = PostOneIterationPerRank(cluster, job);
+  for (int r = 0; r < 2; ++r) {
+    for (int s : st[r]) EXPECT_NE(s, GL_OK) << "rank " << r;
+  }
+  EXPECT_GT(cluster.Stats(0).segments_rejected + cluster.Stats(1).segments_rejected, 0u);
 }
 
 class PolicyTest : public ::testing::TestWithParam<std::string> {};
