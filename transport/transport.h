@@ -243,6 +243,8 @@ class StatCounter {
   void Add_st(uint64_t n) { v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
   uint64_t Get() const { return v_.load(std::memory_order_relaxed); }
   void Reset_st() { v_.store(0, std::memory_order_relaxed); }
+  // For a gauge kept in a counter: takes back what an earlier Add_st gave.
+  void Sub_st(uint64_t n) { v_.store(v_.load(std::memory_order_relaxed) - n, std::memory_order_relaxed); }
 
  private:
   std::atomic<uint64_t> v_{0};
@@ -269,6 +271,7 @@ struct TransportStats {
   uint64_t peer_timeouts = 0;     // declared down for lack of progress
   uint64_t accepts_refused = 0;   // no free connection slot
   uint64_t unauthenticated_evicted = 0;  // tokenless connections closed to make room
+  uint64_t connection_buffer_bytes = 0;  // now: send rings and control buffers of live connections
   PeerStats total;                // sum over all peers ever connected
   uint64_t malformed() const {
     uint64_t n = 0;
@@ -299,6 +302,7 @@ struct TransportCounters {
   std::array<StatCounter, kWireErrorCount> errors;
   StatCounter connect_attempts, connect_retries, peers_up, peers_down, peer_resets,
       peer_timeouts, accepts_refused, unauthenticated_evicted;
+  StatCounter connection_buffer_bytes;  // a gauge
   PeerCounters total;
   TransportStats Snapshot() const {
     TransportStats s;
@@ -311,6 +315,7 @@ struct TransportCounters {
     s.peer_timeouts = peer_timeouts.Get();
     s.accepts_refused = accepts_refused.Get();
     s.unauthenticated_evicted = unauthenticated_evicted.Get();
+    s.connection_buffer_bytes = connection_buffer_bytes.Get();
     s.total = total.Snapshot();
     return s;
   }

@@ -12,6 +12,35 @@ void Connection::Init(uint32_t pending_capacity) {
   ctrl.assign(cap * kFrameHeaderBytes + kCtrlSlackBytes, 0);
 }
 
+void Connection::InitHandshake() {
+  ring.assign(1, PendingSend{});
+  mask = 0;
+  ctrl.assign(kCtrlSlackBytes, 0);
+}
+
+void Connection::GrowForData(uint32_t pending_capacity) {
+  const uint64_t cap = std::bit_ceil<uint64_t>(pending_capacity == 0 ? 1 : pending_capacity);
+  if (ring.size() < cap) {
+    // Nothing is posted before the peer is up (the engine has no handle until OnPeerUp_st).
+    ring.assign(cap, PendingSend{});
+    mask = cap - 1;
+  }
+  const size_t want = cap * kFrameHeaderBytes + kCtrlSlackBytes;
+  if (ctrl.size() < want) {
+    // Unsent control bytes sit in [ctrl_off, ctrl_len): move them to the front, then grow.
+    std::memmove(ctrl.data(), ctrl.data() + ctrl_off, ctrl_len - ctrl_off);
+    ctrl_len -= ctrl_off;
+    ctrl_off = 0;
+    ctrl.resize(want, 0);
+  }
+}
+
+void Connection::ReleaseStorage() {
+  std::vector<PendingSend>().swap(ring);
+  std::vector<uint8_t>().swap(ctrl);
+  mask = 0;
+}
+
 void Connection::ResetForUse() {
   state = ConnState::kFree;
   fd = -1;

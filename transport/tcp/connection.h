@@ -9,9 +9,12 @@
 // Control frames (hello, acks we owe the peer, goodbye) are queued in `ctrl` and enter the byte
 // stream only at frame boundaries, so they never split a data frame.
 //
-// Guarantees: all storage is sized in Init(); nothing here allocates afterwards. Engine thread
-// only (owned by TcpTransport). No syscalls here: the transport does the I/O, this class only
-// builds iovecs and accounts for what was written.
+// Guarantees: storage is sized when a connection is set up (Init / InitHandshake, then
+// GrowForData when an inbound peer authenticates) and released with the slot (ReleaseStorage);
+// nothing here allocates on the data path. A connection that has not authenticated holds only
+// a handshake-sized control buffer, so a flood of tokenless connections pins little memory, and
+// an idle slot pins none. Engine thread only (owned by TcpTransport). No syscalls here: the
+// transport does the I/O, this class only builds iovecs and accounts for what was written.
 #ifndef GRADLANE_TRANSPORT_TCP_CONNECTION_H_
 #define GRADLANE_TRANSPORT_TCP_CONNECTION_H_
 
@@ -60,7 +63,16 @@ class Connection {
 
   // Sizes the ring (pending_capacity rounded up to a power of two) and the control buffer.
   void Init(uint32_t pending_capacity);
-  bool Initialized() const { return !ring.empty(); }
+  // An inbound connection before its hello: no data ring, room for a reply or two.
+  void InitHandshake();
+  // The authenticated inbound connection gets its full storage; queued control bytes are kept.
+  void GrowForData(uint32_t pending_capacity);
+  // Gives the storage back (the slot is idle).
+  void ReleaseStorage();
+  // Bytes of storage held now.
+  uint64_t StorageBytes() const {
+    return ring.capacity() * sizeof(PendingSend) + ctrl.capacity();
+  }
   // Clears the per-connection state for a new use of the slot (keeps the storage).
   void ResetForUse();
 

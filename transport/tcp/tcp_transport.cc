@@ -1,5 +1,7 @@
 #include "transport/tcp/tcp_transport.h"
 
+#include <malloc.h>
+
 #include <errno.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -136,7 +138,7 @@ absl::StatusOr<PeerHandle> TcpTransport::Connect_st(const JobCredentials& job,
   }
   absl::StatusOr<SockAddr> addr = ParseHostPort(address);
   if (!addr.ok()) return addr.status();
-  Connection* c = AllocSlot();
+  Connection* c = AllocSlot(/*inbound=*/false);
   if (c == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("all ", conns_.size(), " connection slots in use"));
@@ -442,6 +444,10 @@ bool TcpTransport::OnBody(Connection& c, TimeNs now) {
     }
     c.job_index = j;
     c.peer_rank = b.rank;
+    // Authenticated: only now is the connection worth a full send ring and ack buffer.
+    const uint64_t before = c.StorageBytes();
+    c.GrowForData(options_.max_pending_sends_per_peer);
+    counters_.connection_buffer_bytes.Add_st(c.StorageBytes() - before);
     const FrameHeader ok = MakeHeader(FrameType::kHelloOk, job.job_id, job.local_rank);
     c.AppendCtrl(ok, nullptr, 0);  // fresh connection: the control buffer is empty
     c.state = ConnState::kEstablished;
@@ -611,7 +617,7 @@ void TcpTransport::AcceptAll(TimeNs now) {
     // At the cap, the oldest tokenless connection makes room: whoever floods the port must
     // outpace a real dialer's hello (one round trip) to keep it out, not merely hold slots.
     EvictOldestUnauthenticatedIfFull();
-    Connection* c = AllocSlot();
+    Connection* c = AllocSlot(/*inbound=*/true);
     if (c == nullptr) {
       counters_.accepts_refused.Add_st(1);
       close(fd);
@@ -804,20 +810,38 @@ void TcpTransport::ReleaseDeadSlots() {
   for (const uint32_t idx : dead_slots_) {
     Connection& c = conns_[idx];
     c.state = ConnState::kFree;
+    // An idle slot keeps no buffers: a flood of connections must not pin memory after it ends.
+    const uint64_t held = c.StorageBytes();
+    counters_.connection_buffer_bytes.Sub_st(held);
+    released_since_trim_ += held;
+    c.ReleaseStorage();
     // 1..0xFFFF: a handle is never kNoPeer.
     c.generation.store(c.generation.load(std::memory_order_relaxed) % 0xFFFFu + 1,
                        std::memory_order_relaxed);
     free_slots_.push_back(idx);
   }
   dead_slots_.clear();
+  // The allocator keeps freed buffers for reuse; after a flood, hand the pages back to the
+  // kernel (control path, at most once per kTrimAfterBytes released).
+  if (released_since_trim_ >= kTrimAfterBytes) {
+    released_since_trim_ = 0;
+    ::malloc_trim(0);
+  }
 }
 
-Connection* TcpTransport::AllocSlot() {
+Connection* TcpTransport::AllocSlot(bool inbound) {
   if (free_slots_.empty()) return nullptr;
   const uint32_t idx = free_slots_.back();
   free_slots_.pop_back();
   Connection& c = conns_[idx];
-  if (!c.Initialized()) c.Init(options_.max_pending_sends_per_peer);  // first use of the slot
+  // Our own dials get their full storage at once (sends may be posted while connecting); an
+  // inbound connection grows it when its hello proves it belongs to a job.
+  if (inbound) {
+    c.InitHandshake();
+  } else {
+    c.Init(options_.max_pending_sends_per_peer);
+  }
+  counters_.connection_buffer_bytes.Add_st(c.StorageBytes());
   slots_high_water_ = std::max<uint32_t>(slots_high_water_, idx + 1);
   c.ResetForUse();
   return &c;

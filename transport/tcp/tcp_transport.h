@@ -103,7 +103,7 @@ class TcpTransport final {
   Connection* Lookup(PeerHandle h);
   PeerHandle HandleOf(const Connection& c) const;
   PeerInfo InfoOf(const Connection& c) const;
-  Connection* AllocSlot();
+  Connection* AllocSlot(bool inbound);
   // Before an accept: if max_unauthenticated connections still owe their hello, closes the
   // one accepted first.
   void EvictOldestUnauthenticatedIfFull();
@@ -141,6 +141,8 @@ class TcpTransport final {
   // practice, so this stays near the number of live connections); timers scan only those, at
   // most once per millisecond.
   uint32_t slots_high_water_ = 0;
+  static constexpr uint64_t kTrimAfterBytes = uint64_t{8} << 20;
+  uint64_t released_since_trim_ = 0;
   TimeNs last_timer_scan_ = std::numeric_limits<TimeNs>::min() / 2;
   int listen_fd_ = -1;
   uint16_t listen_port_ = 0;

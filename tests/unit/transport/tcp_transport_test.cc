@@ -59,8 +59,9 @@ struct Node {
 };
 
 // Drives the transports until `done` holds or `timeout` passes; returns done().
+// The timeout only ends a test that is failing anyway; a busy machine must never reach it.
 bool PumpUntil(std::initializer_list<TcpTransport*> ts, const std::function<bool()>& done,
-               TimeNs timeout = 5 * sched::kSecond) {
+               TimeNs timeout = 30 * sched::kSecond) {
   const TimeNs deadline = MonotonicNow() + timeout;
   while (!done()) {
     if (MonotonicNow() > deadline) return false;
@@ -719,6 +720,46 @@ TEST(TcpTransport, TokenlessConnectionsAreCappedAndDoNotStarveRealPeers) {
   ASSERT_TRUE(h.ok()) << h.status();
   EXPECT_TRUE(PumpUntil({a.t.get(), b.t.get()},
                         [&] { return a.h.up.size() == 1 && b.h.up.size() == 1; }));
+}
+
+TEST(TcpTransport, AFloodOfTokenlessConnectionsPinsLittleMemoryAndNoneAfterwards) {
+  // Before: every slot a connection had ever used kept a full send ring and ack buffer
+  // (~147 KiB at the default 1024 pending sends), so a flood's memory stayed pinned for good.
+  TransportOptions o = Opts();
+  o.max_connections = 64;
+  o.max_unauthenticated = 16;
+  Node a(o), b(o);
+  ASSERT_TRUE(a.t && b.t);
+  const uint16_t port = *b.t->Listen_st();
+  ASSERT_TRUE(a.t->AddJob_st(Job(0)).ok());
+  ASSERT_TRUE(b.t->AddJob_st(Job(1)).ok());
+  auto h = a.t->Connect_st(Job(0), Addr(port), MonotonicNow());
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(PumpUntil({a.t.get(), b.t.get()},
+                        [&] { return a.h.up.size() == 1 && b.h.up.size() == 1; }));
+  // One authenticated connection each way is what real peers hold: the baseline.
+  const uint64_t baseline = b.t->Stats().connection_buffer_bytes;
+  EXPECT_GT(baseline, 0u);
+  std::vector<std::unique_ptr<RawPeer>> flood;
+  for (int i = 0; i < 40; ++i) {
+    flood.push_back(std::make_unique<RawPeer>(port));
+    ASSERT_TRUE(flood.back()->connected());
+  }
+  ASSERT_TRUE(PumpUntil({a.t.get(), b.t.get()}, [&] {
+    const TransportStats st = b.t->Stats();
+    return st.unauthenticated_evicted + 16 >= 40;
+  }));
+  // While it lasts: at most max_unauthenticated handshake-sized buffers on top of the baseline,
+  // far less than one authenticated connection's storage each.
+  const uint64_t during = b.t->Stats().connection_buffer_bytes;
+  EXPECT_LE(during - baseline, uint64_t{16} * baseline / 8) << during << " vs " << baseline;
+  // After it: back to the baseline.
+  flood.clear();
+  ASSERT_TRUE(PumpUntil({a.t.get(), b.t.get()},
+                        [&] { return b.t->Stats().connection_buffer_bytes == baseline; }))
+      << b.t->Stats().connection_buffer_bytes << " vs " << baseline;
+  // And the real peer still works.
+  EXPECT_EQ(a.h.down.size(), 0u);
 }
 
 }  // namespace
