@@ -332,7 +332,13 @@ struct Options {
   bool expect_failure = false;
   bool quiet = false;
   int64_t linger_ms = 0;
+  std::string progress_file;  // rewritten as completions arrive, for the harness to watch
 };
+
+// The slowest rate at which a loaded 2-core test machine still moves a big outstanding post:
+// the no-progress bound grows by the time such a post needs at this rate, so one 300 MiB
+// completion is not mistaken for a hang.
+constexpr int64_t kSlowestBytesPerSecond = int64_t{4} << 20;
 
 void Usage() {
   std::fprintf(stderr,
@@ -340,7 +346,7 @@ void Usage() {
                "         [--peers=h:p,h:p,...] [--policy=NAME] [--token=T] [--iterations=50]\n"
                "         [--seed=S] [--sizes=N,N,...(elements)] [--dtypes=f32,f16,bf16]\n"
                "         [--big_mb=M] [--reduce=sum|mean] [--timeout_ms=30000]\n"
-               "         [--stall_at=K] [--expect_failure] [--quiet]\n");
+               "         [--stall_at=K] [--expect_failure] [--quiet] [--progress_file=PATH]\n");
 }
 
 class Checker {
@@ -357,8 +363,12 @@ class Checker {
   int Verify(const gl_completion& c, std::vector<PendingPost>& posts);
   int Fail(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
   int Observed(const std::string& what);
+  // Rewrites --progress_file (at most every 200 ms, and always when `force`).
+  void ReportProgress(bool force);
 
   Options o_;
+  std::FILE* progress_ = nullptr;
+  int64_t progress_written_ns_ = 0;
   gl_client* client_ = nullptr;
   std::vector<CheckTensor> tensors_;
   int64_t iter_ = 0;
@@ -562,6 +572,17 @@ int Checker::Verify(const gl_completion& c, std::vector<PendingPost>& posts) {
   return 0;
 }
 
+void Checker::ReportProgress(bool force) {
+  if (progress_ == nullptr) return;
+  const int64_t now = NowNs();
+  if (!force && now - progress_written_ns_ < 200'000'000) return;
+  progress_written_ns_ = now;
+  std::rewind(progress_);
+  std::fprintf(progress_, "iteration %" PRId64 " completions %" PRIu64 " bytes-checked %20" PRIu64 "\n",
+               iter_, completions_, checked_bytes_);
+  std::fflush(progress_);
+}
+
 int Checker::Run() {
   const int64_t t0 = NowNs();
   BuildTensorList();
@@ -591,7 +612,17 @@ int Checker::Run() {
   }
   uint64_t bytes_per_iter = 0;
   for (const auto& t : tensors_) bytes_per_iter += t.bytes;
+  // --timeout_ms is the bound on a wait without any completion, plus the time the bytes still
+  // outstanding need at the slowest rate a busy machine gives (the test is about progress).
   const int64_t tol = int64_t{o_.job.timeout_ms} * 1'000'000;
+  if (!o_.progress_file.empty()) {
+    progress_ = std::fopen(o_.progress_file.c_str(), "w");
+    if (progress_ == nullptr) {
+      gl_close(client_);
+      return Fail("cannot write --progress_file %s: %s", o_.progress_file.c_str(),
+                  std::strerror(errno));
+    }
+  }
 
   int rc = 0;
   std::vector<PendingPost> posts;
@@ -607,6 +638,7 @@ int Checker::Run() {
     const bool stall = iter_ == o_.stall_at;
     if (stall) to_post = posts.size() / 2;
     size_t next = 0, done = 0;
+    uint64_t outstanding_bytes = 0;  // posted, not yet completed
     int64_t last_progress = NowNs();
     while (rc == 0 && !observed_failure_ && (next < to_post || done < to_post)) {
       // Post as much as the ring takes.
@@ -621,16 +653,19 @@ int Checker::Run() {
           break;
         }
         ++posts_;
+        outstanding_bytes += p.length;
         ++next;
       }
       if (rc != 0 || observed_failure_) break;
       if (stall && next == to_post) break;
       uint32_t n = 0;
-      const int64_t left_ms = (last_progress + tol - NowNs()) / 1'000'000;
+      const int64_t allowance =
+          tol + static_cast<int64_t>(outstanding_bytes * 1'000'000'000.0 / kSlowestBytesPerSecond);
+      const int64_t left_ms = (last_progress + allowance - NowNs()) / 1'000'000;
       if (left_ms <= 0) {
-        rc = Fail("timed out: no completion for %d ms in iteration %" PRId64
-                  " (%zu of %zu ranges complete, %zu posted)",
-                  o_.job.timeout_ms, iter_, done, to_post, next);
+        rc = Fail("timed out: no completion for %" PRId64 " ms in iteration %" PRId64
+                  " (%zu of %zu ranges complete, %zu posted, %" PRIu64 " bytes outstanding)",
+                  allowance / 1'000'000, iter_, done, to_post, next, outstanding_bytes);
         break;
       }
       s = gl_wait(client_, comp.data(), static_cast<uint32_t>(comp.size()), &n,
@@ -644,8 +679,10 @@ int Checker::Run() {
       if (n > 0) last_progress = NowNs();
       for (uint32_t k = 0; k < n && rc == 0 && !observed_failure_; ++k) {
         rc = Verify(comp[k], posts);
+        outstanding_bytes -= std::min<uint64_t>(outstanding_bytes, comp[k].length);
         ++done;
       }
+      if (n > 0) ReportProgress(false);
     }
     if (stall && rc == 0 && !observed_failure_) {
       std::printf("gradlane-check: rank %u stalled at iteration %" PRId64 " (%zu of %zu ranges posted)\n",
@@ -691,8 +728,8 @@ int Checker::Run() {
 int main(int argc, char** argv) {
   Flags f;
   std::vector<std::string> known = gradlane::testing::JobFlagNames();
-  known.insert(known.end(),
-               {"iterations", "seed", "sizes", "dtypes", "big_mb", "reduce", "stall_at", "linger_ms"});
+  known.insert(known.end(), {"iterations", "seed", "sizes", "dtypes", "big_mb", "reduce", "stall_at",
+                             "linger_ms", "progress_file"});
   if (!f.Parse(argc, argv, known, {"expect_failure", "quiet", "self_test"})) {
     Usage();
     return 2;
@@ -715,6 +752,7 @@ int main(int argc, char** argv) {
   o.linger_ms = f.Int("linger_ms", 0, &ok);
   o.expect_failure = f.Bool("expect_failure");
   o.quiet = f.Bool("quiet");
+  o.progress_file = f.Str("progress_file");
   const std::string reduce = f.Str("reduce", "sum");
   if (reduce != "sum" && reduce != "mean") {
     std::fprintf(stderr, "error: --reduce must be sum or mean\n");
