@@ -39,7 +39,7 @@ timeout 60 "$d" --socket="$tmp/ok.sock" "${base[@]}" --dpdk_vdev=net_null0 --dpd
   --dpdk_memory_mb=128 >"$tmp/ok.out" 2>"$tmp/ok.err" &
 pid=$!
 pids+=("$pid")
-for ((i = 0; i < 300; i++)); do grep -q '^gradlaned ready ' "$tmp/ok.out" && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+for ((i = 0; i < 1200; i++)); do grep -q '^gradlaned ready ' "$tmp/ok.out" && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
 grep -q "^gradlaned ready socket=$tmp/ok.sock listen=10.251.0.1:7610\$" "$tmp/ok.out" ||
   { cat "$tmp/ok.out" "$tmp/ok.err" >&2; fail "good daemon: no ready line with listen=10.251.0.1:7610"; }
 echo "net_null daemon: $(grep -m1 'dpdk port' "$tmp/ok.err" | cut -d' ' -f3-)"

@@ -28,7 +28,7 @@
 #   gl_wait_line FILE REGEX TIMEOUT_S [PID]  wait until FILE has a line matching REGEX
 #   gl_show NAME                  print the tail of a background process's output
 # Variables: GL_DAEMON (path to gradlaned, required for gl_daemon_start), GL_MODE (netns |
-# loopback), GL_TMP, GL_UNIQ, GL_W, GL_RATE, GL_MTU (default 9000), GL_READY_TIMEOUT (15 s).
+# loopback), GL_TMP, GL_UNIQ, GL_W, GL_RATE, GL_MTU (default 9000), GL_READY_TIMEOUT (60 s: only a daemon that hangs at start reaches it).
 
 GL_MODE=""
 GL_TMP=""
@@ -36,7 +36,7 @@ GL_UNIQ=""
 GL_W=0
 GL_RATE=""
 GL_MTU=${GL_MTU:-9000}
-GL_READY_TIMEOUT=${GL_READY_TIMEOUT:-15}
+GL_READY_TIMEOUT=${GL_READY_TIMEOUT:-60}
 GL_SUBNET=192.168.77
 declare -a GL_NS=()
 declare -a GL_IP=()
