@@ -183,7 +183,7 @@ AdminLimits AdminLimitsOf(const AdminOptions& options) {
 }
 
 json AdminCommand(TelemetryHub& hub, const AdminOptions& options, const json& req) {
-  absl::StatusOr<AdminRequest> r = ParseAdminRequest(req, AdminLimitsOf(options));
+  absl::StatusOr<AdminRequest> r = AdminRequestFromJson(req, AdminLimitsOf(options));
   if (!r.ok()) return Error(std::string(r.status().message()));
   if (r->cmd == AdminCmd::kTrace) return Error("trace is answered by the admin server's thread");
   return AdminCommand(hub, options, r->cmd);
@@ -251,7 +251,7 @@ json AdminCommand(TelemetryHub& hub, const AdminOptions& options, AdminCmd cmd) 
       return j;
     });
   }
-  return Error(absl::StrCat("command '", AdminCmdName(cmd), "' is not answered here"));
+  return Error(absl::StrCat("command '", std::string(AdminCmdName(cmd)), "' is not answered here"));
 }
 
 // ----------------------------------------------------------------------------- server ----

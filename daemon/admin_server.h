@@ -7,9 +7,9 @@
 // Commands: status, jobs, peers, queues, bandwidth, and trace (`{"cmd": "trace", "job": ID,
 // "iterations": N, "timeout_s": S, "max_spans": M}`), whose answer comes once the N
 // iterations were recorded (or the job ended, or the timeout passed) and carries the
-// Chrome/Perfetto trace as the member "trace". Requests are parsed with nlohmann_json's
-// non-throwing API; malformed input gets an error response, an over-long line or a silent client
-// is disconnected.
+// Chrome/Perfetto trace as the member "trace". Requests are parsed by ParseAdminRequest
+// (daemon/admin_request.h: typed, never throws); malformed input, a field of the wrong type or
+// out of range gets an error response naming the field; a silent client is disconnected.
 //
 // The control thread also keeps the engine's event ring drained (TelemetryHub::With every
 // kPumpInterval) even when nobody asks, so histograms stay complete and the engine never finds
@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "daemon/admin_request.h"
 #include "daemon/telemetry_hub.h"
 #include "nlohmann/json.hpp"
 
@@ -43,8 +44,13 @@ struct AdminOptions {
 std::string DefaultAdminSocket(const std::string& client_socket);
 
 // Answers one request (every command but trace) from the hub. Exposed for tests.
+nlohmann::json AdminCommand(TelemetryHub& hub, const AdminOptions& options, AdminCmd cmd);
+// The same for a request not parsed yet (ParseAdminRequest's error becomes the answer).
 nlohmann::json AdminCommand(TelemetryHub& hub, const AdminOptions& options,
                             const nlohmann::json& request);
+
+// The request bounds the server applies (line length, trace limits).
+AdminLimits AdminLimitsOf(const AdminOptions& options);
 
 class AdminServer {
  public:

@@ -50,6 +50,28 @@ void Usage() {
   std::exit(1);
 }
 
+// The answer is parsed, not trusted: nlohmann's value(), get<>() and const operator[] throw or
+// assert on a missing member or a wrong type, which would abort us with a core dump instead of
+// an error line. Every read goes through these: a missing or mistyped member reads as null
+// (printed "-"), never a crash.
+const json& Member(const json& j, const char* k) {
+  static const json kNull;
+  if (!j.is_object()) return kNull;
+  const auto it = j.find(k);
+  return it == j.end() ? kNull : *it;
+}
+int64_t Int(const json& j, const char* k, int64_t fallback) {
+  const json& v = Member(j, k);
+  if (v.is_number_integer()) return v.get<int64_t>();  // (an unsigned above INT64_MAX wraps: a printout)
+  return fallback;
+}
+// The array member `k`, or an empty array: loops over it then do nothing for a wrong type.
+const json& Array(const json& j, const char* k) {
+  static const json kEmpty = json::array();
+  const json& v = Member(j, k);
+  return v.is_array() ? v : kEmpty;
+}
+
 int64_t NowMs() {
   timespec ts;
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -106,7 +128,12 @@ json Call(const std::string& path, const json& request, double timeout_s) {
   if (in.empty()) Fail("gradlaned closed the connection without an answer");
   json resp = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (resp.is_discarded() || !resp.is_object()) Fail("malformed answer from gradlaned");
-  if (!resp.value("ok", false)) Fail(resp.value("error", std::string("unknown error")));
+  const json& ok = Member(resp, "ok");
+  if (!ok.is_boolean()) Fail("malformed answer from gradlaned (no boolean \"ok\")");
+  if (!ok.get<bool>()) {
+    const json& error = Member(resp, "error");
+    Fail(error.is_string() ? error.get<std::string>() : "gradlaned answered an error without a reason");
+  }
   return resp;
 }
 
@@ -143,13 +170,14 @@ std::string Rate(double bytes_per_s) {
 }
 
 std::string Str(const json& j, const char* k) {
-  if (!j.contains(k)) return "-";
-  const json& v = j[k];
+  const json& v = Member(j, k);
+  if (v.is_null()) return "-";
   if (v.is_string()) return v.get<std::string>();
-  return v.dump();
+  return v.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 double Num(const json& j, const char* k) {
-  return j.contains(k) && j[k].is_number() ? j[k].get<double>() : -1;
+  const json& v = Member(j, k);
+  return v.is_number() ? v.get<double>() : -1;
 }
 
 void PrintStatus(const json& r) {
@@ -194,7 +222,7 @@ void PrintStatus(const json& r) {
 }
 
 void PrintJobs(const json& r) {
-  const json& jobs = r["jobs"];
+  const json& jobs = Array(r, "jobs");
   if (jobs.empty()) {
     std::printf("no jobs\n");
     return;
@@ -213,7 +241,7 @@ void PrintJobs(const json& r) {
 }
 
 void PrintPeers(const json& r) {
-  const json& peers = r["peers"];
+  const json& peers = Array(r, "peers");
   if (peers.empty()) {
     std::printf("no peers\n");
     return;
@@ -230,21 +258,21 @@ void PrintPeers(const json& r) {
 }
 
 void PrintQueues(const json& r) {
-  for (const json& j : r["jobs"]) {
+  for (const json& j : Array(r, "jobs")) {
     std::printf("job %s (%s): %s segments queued, credit %s in use (window %s)\n",
                 Str(j, "job").c_str(), Str(j, "policy").c_str(), Str(j, "queued_segments").c_str(),
                 Bytes(Num(j, "credit_in_use_bytes")).c_str(),
                 Num(j, "credit_window_bytes") > 0 ? Bytes(Num(j, "credit_window_bytes")).c_str()
                                                   : "policy default");
     std::printf("  %-8s %12s %12s\n", "CLASS", "QUEUED", "SENT");
-    for (const json& c : j["classes"]) {
+    for (const json& c : Array(j, "classes")) {
       std::printf("  %-8s %12s %12s\n", Str(c, "priority_class").c_str(),
                   Bytes(Num(c, "queued_bytes")).c_str(), Bytes(Num(c, "sent_bytes")).c_str());
     }
   }
   std::printf("queueing delay by priority class (all jobs):\n");
   std::printf("  %-8s %10s %10s %10s %10s\n", "CLASS", "SEGMENTS", "MEAN", "P50<=", "P99<=");
-  for (const json& c : r["queueing_delay"]) {
+  for (const json& c : Array(r, "queueing_delay")) {
     std::printf("  %-8s %10s %10s %10s %10s\n", Str(c, "priority_class").c_str(),
                 Str(c, "segments").c_str(), Secs(Num(c, "mean_seconds")).c_str(),
                 Secs(Num(c, "p50_seconds")).c_str(), Secs(Num(c, "p99_seconds")).c_str());
@@ -254,7 +282,7 @@ void PrintQueues(const json& r) {
 void PrintBandwidth(const json& r) {
   std::printf("%-20s %14s %10s %10s %10s %10s %10s %12s\n", "JOB", "BANDWIDTH", "SRTT", "RTTVAR",
               "MIN RTT", "BDP", "BUSY", "ACKED");
-  for (const json& j : r["jobs"]) {
+  for (const json& j : Array(r, "jobs")) {
     std::printf("%-20s %14s %10s %10s %10s %10s %10s %12s\n", Str(j, "job").c_str(),
                 Rate(Num(j, "bandwidth_bytes_per_second")).c_str(),
                 Secs(Num(j, "srtt_seconds")).c_str(), Secs(Num(j, "rttvar_seconds")).c_str(),
@@ -262,7 +290,7 @@ void PrintBandwidth(const json& r) {
                 Secs(Num(j, "busy_seconds")).c_str(), Bytes(Num(j, "acked_bytes")).c_str());
   }
   std::printf("segment latency (send to ack, all jobs):\n");
-  for (const json& d : r["segment_latency"]) {
+  for (const json& d : Array(r, "segment_latency")) {
     std::printf("  %-5s %10s segments  mean %10s  p99<= %s\n", Str(d, "direction").c_str(),
                 Str(d, "segments").c_str(), Secs(Num(d, "mean_seconds")).c_str(),
                 Secs(Num(d, "p99_seconds")).c_str());
@@ -365,23 +393,22 @@ int main(int argc, char** argv) {
     if (max_spans > 0) req["max_spans"] = static_cast<int64_t>(max_spans);
     if (out_file.empty()) out_file = "gradlane-trace-" + args[1] + ".json";
     json r = Call(socket, req, daemon_timeout + 10);
-    if (!r.contains("trace") || !r["trace"].is_object()) Fail("answer carries no trace");
-    const json& t = r["trace"];
+    const json& t = Member(r, "trace");
+    if (!t.is_object()) Fail("answer carries no trace");
     FILE* f = std::fopen(out_file.c_str(), "w");
     if (f == nullptr) Fail("cannot write " + out_file + ": " + std::strerror(errno));
     const std::string text = t.dump();
     if (std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0) {
       Fail("writing " + out_file + " failed");
     }
-    const json& od = t.value("otherData", json::object());
+    const json& od = Member(t, "otherData");
     std::printf("wrote %s: %zu trace events, %s spans (iterations %s..%s of job %s; %s)%s\n",
-                out_file.c_str(), t["traceEvents"].size(), Str(od, "spans").c_str(),
+                out_file.c_str(), Array(t, "traceEvents").size(), Str(od, "spans").c_str(),
                 Str(od, "first_iteration").c_str(),
-                std::to_string(od.value("first_iteration", int64_t{0}) +
-                               od.value("iterations", int64_t{1}) - 1)
+                std::to_string(Int(od, "first_iteration", 0) + Int(od, "iterations", 1) - 1)
                     .c_str(),
                 args[1].c_str(), Str(od, "end").c_str(),
-                od.value("spans_dropped", 0) > 0 ? " — buffer full, some spans dropped" : "");
+                Int(od, "spans_dropped", 0) > 0 ? " — buffer full, some spans dropped" : "");
     return 0;
   }
   if (args.size() != 1 || (cmd != "status" && cmd != "jobs" && cmd != "peers" && cmd != "queues" &&
