@@ -15,6 +15,7 @@ packages=(
   iproute2 iperf3 procps
   prometheus systemd
   python3-matplotlib
+  clang libclang-rt-14-dev  # the fuzz step: libFuzzer's runtime is libclang_rt.fuzzer (tests/fuzz)
 )
 if [[ "${1:-}" == "--profiles" ]]; then
   packages+=(python3-torch python3-torchvision libopenblas0-openmp)
