@@ -24,6 +24,15 @@ run_suite() {  # build_dir, "meson test" extra args (one word), meson setup args
 echo "== build + tests (debugoptimized)"
 run_suite build ""
 if [[ "${1:-}" != "--quick" ]]; then
+  # Every parser of untrusted input under libFuzzer for a bounded time (docs/fuzzing.md): a
+  # clang build of the parsers only; fails on any crash.
+  echo "== libFuzzer targets, ${GRADLANE_FUZZ_SECONDS:-25} s each (clang)"
+  if [[ ! -f build-fuzz/build.ninja ]]; then
+    CC=clang CXX=clang++ meson setup build-fuzz -Dfuzz=enabled -Dtests=disabled -Dbenchmarks=disabled \
+      -Ddpdk=disabled -Dverbs=disabled >/dev/null
+  fi
+  ninja -C build-fuzz -j"$jobs"
+  tests/fuzz/run.sh build-fuzz "${GRADLANE_FUZZ_SECONDS:-25}"
   echo "== build + tests under ASan/UBSan"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_suite build-sanitize "--no-suite=integration-big" -Db_sanitize=address,undefined -Db_lundef=false -Dbenchmarks=disabled \
