@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/session_hello.h"
 
 namespace gradlane::daemon {
 namespace {
@@ -45,12 +46,6 @@ void CopyMessage(char (&dst)[GL_MESSAGE_TEXT], const std::string& msg) {
   const size_t n = std::min<size_t>(msg.size(), GL_MESSAGE_TEXT - 1);
   std::memcpy(dst, msg.data(), n);
   dst[n] = '\0';
-}
-
-uint32_t NextPowerOfTwo(uint32_t v) {
-  uint32_t p = 1;
-  while (p < v && p < (1u << 31)) p <<= 1;
-  return p;
 }
 
 }  // namespace
@@ -477,57 +472,31 @@ void SessionServer::HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf) 
     return;
   }
   if (rx->eof) return;  // connected and left
-  gl_hello h{};
-  if (rx->bytes != sizeof(gl_hello)) {
-    // Read the magic if there is one, so a foreign protocol gets the clearer error.
-    uint32_t magic = 0;
-    if (rx->bytes >= offsetof(gl_hello, magic) + sizeof(magic)) {
-      std::memcpy(&magic, rx_buf.data() + offsetof(gl_hello, magic), sizeof(magic));
-    }
-    if (magic != GL_ABI_MAGIC) {
-      RejectHandshake(p->socket.get(), 0, GL_E_BAD_MAGIC, Refusal::kBadHello, "not a gradlane client (bad magic in hello)");
-    } else {
-      RejectHandshake(p->socket.get(), 0, GL_E_BAD_VERSION, Refusal::kBadHello,
-                      absl::StrCat("hello of ", rx->bytes, " bytes: not ABI version ",
-                                   GL_ABI_VERSION, " (", sizeof(gl_hello), " bytes)"));
-    }
-    return;
-  }
-  std::memcpy(&h, rx_buf.data(), sizeof(h));
-  if (h.magic != GL_ABI_MAGIC) {
-    RejectHandshake(p->socket.get(), h.header.request_id, GL_E_BAD_MAGIC, Refusal::kBadHello,
-                    absl::StrCat("bad magic 0x", absl::Hex(h.magic), " in hello (want 0x",
-                                 absl::Hex(GL_ABI_MAGIC), "): not a gradlane client"));
-    return;
-  }
-  if (h.abi_version != GL_ABI_VERSION) {
-    RejectHandshake(p->socket.get(), h.header.request_id, GL_E_BAD_VERSION, Refusal::kBadHello,
-                    absl::StrCat("client speaks ABI version ", h.abi_version,
-                                 ", this daemon speaks ", GL_ABI_VERSION));
-    return;
-  }
-  if (h.header.type != GL_MSG_HELLO || h.header.length != sizeof(h) || h.reserved != 0) {
-    RejectHandshake(p->socket.get(), h.header.request_id, GL_E_PROTOCOL, Refusal::kBadHello,
-                    "malformed hello header");
+  HelloLimits limits;
+  limits.default_ring_slots = options_.default_ring_slots;
+  limits.max_ring_slots = options_.max_ring_slots;
+  limits.default_arena_bytes = options_.default_arena_bytes;
+  limits.max_arena_bytes = options_.max_arena_bytes;
+  const HelloCheck hello = CheckHello(std::span<const uint8_t>(rx_buf.data(), rx->bytes), limits);
+  if (hello.status != GL_OK) {
+    RejectHandshake(p->socket.get(), hello.request_id, hello.status, Refusal::kBadHello, hello.why);
     return;
   }
   const shm::PeerCredentials* cred = &p->cred;  // checked against the policy at accept
   if (live_sessions_.load(std::memory_order_relaxed) >= options_.max_sessions) {
-    RejectHandshake(p->socket.get(), h.header.request_id, GL_E_BUSY, Refusal::kSessionsFull,
+    RejectHandshake(p->socket.get(), hello.request_id, GL_E_BUSY, Refusal::kSessionsFull,
                     absl::StrCat("session limit (", options_.max_sessions,
                                  ", --max_sessions) reached"));
     return;
   }
   if (!TakeSessionSlot(cred->uid)) {
-    RejectHandshake(p->socket.get(), h.header.request_id, GL_E_BUSY, Refusal::kSessionsPerUid,
+    RejectHandshake(p->socket.get(), hello.request_id, GL_E_BUSY, Refusal::kSessionsPerUid,
                     absl::StrCat("uid ", cred->uid, " already has ", options_.max_sessions_per_uid,
                                  " sessions (limit --max_sessions_per_uid)"));
     return;
   }
-  uint32_t slots = h.ring_slots == 0 ? options_.default_ring_slots : NextPowerOfTwo(h.ring_slots);
-  slots = std::clamp<uint32_t>(slots, 8, options_.max_ring_slots);
-  uint64_t bytes = h.arena_bytes == 0 ? options_.default_arena_bytes : h.arena_bytes;
-  bytes = std::min(bytes, options_.max_arena_bytes);
+  const uint32_t slots = hello.ring_slots;
+  const uint64_t bytes = hello.arena_bytes;
 
   const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
   const int fd = p->socket.get();
@@ -536,14 +505,14 @@ void SessionServer::HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf) 
     ReleaseSessionSlot(cred->uid);
     // Create failed before taking the socket only if it could not start; the fd is still ours.
     if (p->socket.valid()) {
-      RejectHandshake(fd, h.header.request_id, GL_E_NO_MEMORY, Refusal::kBadHello,
+      RejectHandshake(fd, hello.request_id, GL_E_NO_MEMORY, Refusal::kBadHello,
                       absl::StrCat("cannot create the session: ", session.status().message()));
     }
     return;
   }
   auto live = std::make_unique<Live>();
   live->session = std::move(*session);
-  if (absl::Status s = live->session->SendHelloReply(h.header.request_id); !s.ok()) {
+  if (absl::Status s = live->session->SendHelloReply(hello.request_id); !s.ok()) {
     ReleaseSessionSlot(cred->uid);
     return;
   }

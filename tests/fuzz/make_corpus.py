@@ -143,6 +143,8 @@ put("session", "register-and-post", bytes([1 | 2]) + rec_ctl(register_job()) + r
     b"\x04" + b"\x01" + sqe(it=1, length=4096) + b"\x02" + sqe(tensor=1, length=64))
 put("session", "ring-scribble", bytes([1 | 2]) + rec_ctl(register_job(peers=())) + rec_ctl(register_tensor()) +
     b"\x02" + sqe() + b"\x03\x00" + struct.pack("<Q", 5) + b"\x03\x02" + struct.pack("<Q", 1))
+hello_msg = msg_header(1, 48, 3) + struct.pack("<IIiIQQ", 0x4E414C47, 1, 1234, 100, 1 << 20, 0)
+put("session", "hello", bytes([0x30]) + b"\x05" + struct.pack("<H", len(hello_msg)) + hello_msg)
 put("session", "hello-after-hello", bytes([1]) + rec_ctl(msg_header(1, 48) + b"\0" * 32))
 
 # ---- flags: name=value lines (daemon/config.h); deploy/gradlaned.conf is used in place

@@ -5,12 +5,13 @@
 // shm/ring.h). A fresh session per input (a memfd arena of 8 ring slots).
 //
 // Input: one mode byte, then records, op byte first. Mode bits: 0: control messages get a
-// correct header.length; 1: ring entries get a correct sequence mark. Ops (op % 5):
+// correct header.length; 1: ring entries get a correct sequence mark. Ops (op % 6):
 //   0: u16 length + control message bytes → HandleControl (replies are read off the socket)
 //   1: 64 bytes of gl_sqe → Validate
 //   2: 64 bytes of gl_sqe published into the submission ring → PollSubmissions
 //   3: u8 field + u64 value written over a ring-header word → PollSubmissions
 //   4: the client consumes its completions (completion ring head := tail)
+//   5: u16 length + bytes → CheckHello (daemon/session_hello.h), the first message's check
 // Posts the daemon accepts are completed at once, as the engine eventually does.
 #include <sys/socket.h>
 
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "daemon/session.h"
+#include "daemon/session_hello.h"
 
 namespace {
 
@@ -85,7 +87,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int steps = 0; steps < 128 && !dead; ++steps) {
     uint8_t op = 0;
     if (!in.Take(&op, 1)) break;
-    switch (op % 5) {
+    switch (op % 6) {
       case 0: {
         uint16_t len = 0;
         if (!in.Take(&len, 2)) break;
@@ -143,6 +145,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 4:
         cq->head = cq->tail;
         break;
+      case 5: {
+        uint16_t len = 0;
+        if (!in.Take(&len, 2)) break;
+        len = static_cast<uint16_t>(len % 512);
+        std::vector<uint8_t> msg(len);
+        if (!in.Take(msg.data(), len)) break;
+        gradlane::daemon::HelloLimits limits;
+        limits.max_ring_slots = 1u << (mode >> 4);  // 1..2^15: odd limits too
+        const gradlane::daemon::HelloCheck c = gradlane::daemon::CheckHello(msg, limits);
+        if (c.status == GL_OK) {
+          // The grant must be a ring Session::Create accepts, within the limits.
+          if (c.ring_slots < 8 || (c.ring_slots & (c.ring_slots - 1)) != 0 ||
+              (c.ring_slots > limits.max_ring_slots && c.ring_slots != 8) ||
+              c.arena_bytes > limits.max_arena_bytes) {
+            std::abort();
+          }
+        } else if (c.why.empty()) {
+          std::abort();
+        }
+        break;
+      }
     }
     s.FlushCompletions();
   }
