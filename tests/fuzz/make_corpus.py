@@ -95,14 +95,15 @@ data_fh = frame(4, b"", length=100, payload_bytes=100, seq=0)
 one_packet = dgram(4, data_fh + b"x" * 100, flags=3 | 4, seq=0, msg=0)
 first = dgram(4, frame(4, b"", length=300, payload_bytes=300) + b"a" * 200, flags=1, seq=0, msg=0)
 last = dgram(4, b"b" * 100, flags=2, seq=1, msg=0, msg_offset=200)
-ack = dgram(5, ack=1, msg_ack=1)
+ack = dgram(5)  # a pure ack: nothing of ours to acknowledge, credit 64
+ack_ours = dgram(5, ack=1, msg_ack=0)  # acknowledges our first packet
 close = dgram(6, frame(6, err_body))
 # mode 1|4: a peer said hello, headers patched to reach its connection
 put("reliable", "inbound-data", bytes([1 | 4]) + rec_dgram(one_packet) + rec_time(2) +
     rec_dgram(ack) + rec_time(200) + rec_dgram(close))
 put("reliable", "inbound-two-packets", bytes([1 | 4 | 8]) + rec_dgram(last) + rec_dgram(first) +
     rec_time(1) + rec_send(500) + rec_time(3) + rec_dgram(ack) + rec_time(250))
-put("reliable", "inbound-send", bytes([1 | 4]) + rec_send(3000) + rec_time(1) + rec_dgram(ack) +
+put("reliable", "inbound-send", bytes([1 | 4]) + rec_send(3000) + rec_time(1) + rec_dgram(ack_ours) +
     rec_time(10) + rec_send(10) + rec_time(255) + rec_time(255))
 # mode 2|4: we dialed; the peer answers hello-ok (or rejects)
 put("reliable", "outbound-ok", bytes([2 | 4]) + rec_send(700) + rec_dgram(dgram(2, frame(2, rank=1))) +

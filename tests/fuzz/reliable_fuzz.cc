@@ -16,6 +16,7 @@
 // and the target region, a segment completes at most once per delivery.
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -160,6 +161,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto p = tr.Connect_st(job, "10.0.0.2:7610", now);
     if (!p.ok()) std::abort();
     handler.peer = *p;  // sends queue until it is up
+    (void)tr.Progress_st(now, 0);  // sends the hello: the peer learns our connection id
   }
   uint64_t cookie = 0;
   for (int steps = 0; steps < 256; ++steps) {
@@ -177,7 +179,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           std::memcpy(&h, d.data(), sizeof(h));
           h.magic = kDgramMagic;
           h.version = kDgramVersion;
-          h.type = static_cast<uint8_t>(1 + h.type % kMaxDgramType);
+          h.type = static_cast<uint8_t>(1 + (h.type + kMaxDgramType - 1) % kMaxDgramType);  // 1..6 kept
           h.flags &= kKnownPktFlags;
           h.dst_conn = link.our_conn;
           h.src_conn = kPeerConn;
@@ -215,6 +217,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   now += 10 * gradlane::sched::kMillisecond;
   (void)tr.Progress_st(now, 0);
-  (void)tr.Stats();
+  const TransportStats st = tr.Stats();
+  if (std::getenv("RELIABLE_FUZZ_DEBUG") != nullptr) {  // what an input reached, for seed work
+    const ReliableStats rs = tr.ReliableStatsNow();
+    std::fprintf(stderr, "up %llu down %llu rx frames %llu stray %llu errors:",
+                 (unsigned long long)st.peers_up, (unsigned long long)st.peers_down,
+                 (unsigned long long)st.total.frames_received, (unsigned long long)rs.stray);
+    for (size_t i = 0; i < kWireErrorCount; ++i) {
+      if (st.errors[i] != 0) {
+        std::fprintf(stderr, " %s=%llu", std::string(WireErrorName(static_cast<WireError>(i))).c_str(),
+                     (unsigned long long)st.errors[i]);
+      }
+    }
+    std::fprintf(stderr, "\n");
+  }
   return 0;
 }

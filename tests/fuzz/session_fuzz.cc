@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -168,6 +169,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
     s.FlushCompletions();
+  }
+  if (std::getenv("SESSION_FUZZ_DEBUG") != nullptr) {  // what an input reached, for seed work
+    std::fprintf(stderr, "job %d tensors %zu posts_ok %llu completions %llu dead %d\n",
+                 s.job() != nullptr, s.tensors().size(),
+                 static_cast<unsigned long long>(s.counters().posts_ok),
+                 static_cast<unsigned long long>(s.counters().completions), dead);
   }
   return 0;
 }
