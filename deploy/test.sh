@@ -22,6 +22,23 @@ run_suite() {  # build_dir, "meson test" extra args (one word), meson setup args
   meson test -C "$dir" --print-errorlogs --num-processes "$jobs" $test_args
 }
 
+# The build outputs that the tests of the given suites run or depend on (ninja target names).
+suite_targets() {  # build_dir suite...
+  python3 - "$@" <<'PY'
+import json, os, subprocess, sys
+build, suites = sys.argv[1], set(sys.argv[2:])
+def introspect(what):
+    return json.loads(subprocess.check_output(["meson", "introspect", build, what]))
+files = {t["id"]: t["filename"] for t in introspect("--targets")}
+out = set()
+for test in introspect("--tests"):
+    if any(s.split(":")[-1] in suites for s in test["suite"]):
+        for dep in test["depends"]:
+            out.update(os.path.relpath(f, build) for f in files.get(dep, []))
+print(" ".join(sorted(out)))
+PY
+}
+
 echo "== build + tests (debugoptimized)"
 run_suite build ""
 if [[ "${1:-}" != "--quick" ]]; then
@@ -41,8 +58,18 @@ if [[ "${1:-}" != "--quick" ]]; then
   # The engine, the session server's acceptor, the admin and metrics threads and the clients
   # share counters, queues and rings: TSan checks the thread rules the comments state. DPDK is
   # left out (its lcore runtime is not instrumented), and so are the integration scripts.
+  # Only what those suites run is built (not the simulator, the sched tests or the harnesses).
   echo "== build + daemon, transport, shm and libclient tests under ThreadSanitizer"
+  tsan_setup=(-Db_sanitize=thread -Db_lundef=false -Dbenchmarks=disabled -Ddpdk=disabled -Doptimization=1)
+  if [[ -f build-tsan/build.ninja ]]; then
+    meson configure build-tsan "${tsan_setup[@]}" >/dev/null
+  else
+    meson setup build-tsan "${tsan_setup[@]}" >/dev/null
+  fi
+  tsan_suites=(daemon transport shm libclient)
+  # shellcheck disable=SC2046
+  ninja -C build-tsan -j"$jobs" $(suite_targets build-tsan "${tsan_suites[@]}")
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-    run_suite build-tsan "--suite=daemon --suite=transport --suite=shm --suite=libclient" \
-      -Db_sanitize=thread -Db_lundef=false -Dbenchmarks=disabled -Ddpdk=disabled -Doptimization=1
+    meson test -C build-tsan --no-rebuild --print-errorlogs --num-processes "$jobs" \
+      "${tsan_suites[@]/#/--suite=}"
 fi
