@@ -9,9 +9,11 @@
 //   2: patch each datagram's header so it reaches a connection (magic, version, connection ids,
 //      payload_bytes); without it the fuzzer must find them itself
 //   3: received segments are handed over in pieces (RecvTarget::Pieces) instead of written
+//   4: a receive budget (rx_budget_packets) splits the credit among inbound connections
 // Records: op byte, then op % 4 == 0: u16 length + that many datagram bytes; 1: one byte of
 // time to advance (x 50 us) and a Progress_st; 2: a send of u16 bytes to the peer; 3: the peer
-// is disconnected (only when the next byte is 0).
+// is disconnected (next byte 0), its job removed and registered again (1), the link refuses
+// sends until the next such op (2: "link full").
 // The handler checks the transport's promises: pieces and placements stay inside the segment
 // and the target region, a segment completes at most once per delivery.
 #include <cstddef>
@@ -48,11 +50,12 @@ class FuzzLink final : public DatagramLink {
       our_conn = h.src_conn;  // the connection id the peer must address
     }
     (void)body;
-    return true;
+    return !full;
   }
   void Flush_st() override {}
   int Poll_st(DatagramSink*, gradlane::sched::TimeNs, gradlane::sched::TimeNs) override { return 0; }
   uint32_t our_conn = 0;
+  bool full = false;
 };
 
 class FuzzHandler final : public TransportHandler {
@@ -75,8 +78,7 @@ class FuzzHandler final : public TransportHandler {
     if (segment_offset == 0) piece_next = 0;  // a new segment (an earlier one may have died)
     if (segment_offset != piece_next) std::abort();  // pieces are contiguous, in order
     piece_next = segment_offset + bytes.size();
-    volatile uint8_t sink = 0;
-    for (uint8_t b : bytes) sink ^= b;  // ASan: the span must be readable
+    for (uint8_t b : bytes) checksum ^= b;  // ASan: the span must be readable
   }
   void OnRecvDone_st(const PeerInfo&, const FrameHeader& h, const RecvTarget& t, TimeNs) override {
     if (t.by_piece && piece_next != h.length) std::abort();
@@ -86,6 +88,7 @@ class FuzzHandler final : public TransportHandler {
   RegionId region = kNoRegion;
   bool pieces = false;
   uint64_t piece_next = 0;
+  uint8_t checksum = 0;
 };
 
 struct Reader {
@@ -139,6 +142,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.connect_deadline = 200 * gradlane::sched::kMillisecond;
   ReliableOptions r;
   r.window_packets = 16;
+  if (mode & 16) r.rx_budget_packets = 24;
   FuzzLink link;
   FuzzHandler handler;
   handler.pieces = (mode & 8) != 0;
@@ -209,8 +213,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 3: {
-        uint8_t b = 1;
-        if (in.Take(&b, 1) && b == 0 && handler.peer != kNoPeer) tr.Disconnect_st(handler.peer, now);
+        uint8_t b = 3;
+        if (!in.Take(&b, 1)) break;
+        if (b == 0 && handler.peer != kNoPeer) tr.Disconnect_st(handler.peer, now);
+        if (b == 1) {
+          if (!tr.RemoveJob_st(kJob).ok() || !tr.AddJob_st(job).ok()) std::abort();
+        }
+        if (b == 2) link.full = !link.full;
         break;
       }
     }
