@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
 
 jobs=$(nproc)
-run_suite() {  # build_dir, "meson test" extra args (one word), meson setup args...
+run_suite() {  # build_dir, "meson test" extra args (split on spaces), meson setup args...
   local dir=$1 test_args=$2; shift 2
   if [[ -f "$dir/build.ninja" ]]; then
     meson configure "$dir" "$@" >/dev/null
@@ -53,7 +53,7 @@ if [[ "${1:-}" != "--quick" ]]; then
   tests/fuzz/run.sh build-fuzz "${GRADLANE_FUZZ_SECONDS:-25}"
   echo "== build + tests under ASan/UBSan"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    run_suite build-sanitize "--no-suite=integration-big" -Db_sanitize=address,undefined -Db_lundef=false -Dbenchmarks=disabled \
+    run_suite build-sanitize "--no-suite=integration-big --no-suite=soak" -Db_sanitize=address,undefined -Db_lundef=false -Dbenchmarks=disabled \
       -Doptimization=1  # ASan's recommended level, and quicker to compile than -O2
   # The engine, the session server's acceptor, the admin and metrics threads and the clients
   # share counters, queues and rings: TSan checks the thread rules the comments state. DPDK is
