@@ -1,5 +1,5 @@
 // daemon/engine.h — gradlaned's engine: client rings → per-job scheduling policy → transport,
-// and the co-located parameter-server roles (BRIEF §2, §4).
+// and the co-located parameter-server roles (docs/design.md §2, §4).
 //
 // One Engine owns one SessionServer (client sessions), one transport (a compile-time backend:
 // TcpTransport in the daemon, FakeTransport in tests) and every job of this daemon. Per job:

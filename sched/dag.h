@@ -88,7 +88,7 @@ class Dag {
 // Parses the JSON DAG format of docs/dag-format.md from `text`.
 absl::StatusOr<Dag> ParseDagJson(std::string_view text);
 
-// One layer of a chain model (a model profile's layer; BRIEF §5). Times in ns: a profile's
+// One layer of a chain model (a model profile's layer; docs/design.md §5). Times in ns: a profile's
 // fwd_us/bwd_us times kMicrosecond.
 struct ChainLayer {
   std::string name;

@@ -1,7 +1,7 @@
 // sched/model_profile.h — a DNN model's per-layer profile (parameter bytes, forward and backward
 // compute time, gradient ready times): the input of the simulator and the replay benchmark.
 //
-// The text format is the one in BRIEF §5 (tests/data/models/*.json):
+// The text format is the one in docs/design.md §5 (tests/data/models/*.json):
 //   { "model": "resnet50", "batch_size": 32, "reference": "...",
 //     "layers": [ {"name": "conv1", "param_bytes": 37632, "fwd_us": 410, "bwd_us": 820,
 //                  "ready_us": 97000}, ... ] }

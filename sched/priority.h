@@ -1,4 +1,4 @@
-// sched/priority.h — where tensor priorities come from (BRIEF §4 "priorities"):
+// sched/priority.h — where tensor priorities come from (docs/design.md §4 "priorities"):
 //
 //   index  the priority each tensor was registered with (by convention its forward index, the
 //          order the next forward pass consumes parameters in; P3, ByteScheduler);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/bench/goodput.sh — data-path goodput (BRIEF §5.2, issue #4): one 1 GiB tensor reduced
+# tests/bench/goodput.sh — data-path goodput (docs/design.md §5.2, issue #4): one 1 GiB tensor reduced
 # between two hosts (network namespaces joined by veth through a bridge) through the daemons,
 # versus iperf3 on the same link in the same run.
 #

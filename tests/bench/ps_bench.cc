@@ -1,4 +1,4 @@
-// Parameter-server aggregation throughput versus memory bandwidth (BRIEF §5.3).
+// Parameter-server aggregation throughput versus memory bandwidth (docs/design.md §5.3).
 //
 // The shard's reduction is a streaming kernel: W inputs read once, one output written once.
 // So its ceiling is memory bandwidth, and the figure that matters is how close it gets. Every

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/bench/replay-default-set.sh — the replay benchmark's default set (issue #6, BRIEF §5.1):
+# tests/bench/replay-default-set.sh — the replay benchmark's default set (issue #6, docs/design.md §5.1):
 # resnet50 and vgg16 at 1, 3 and 10 Gbit/s, W = 3, every policy, through real daemons
 # (tests/bench/run-replay), plus each model once unshaped (the daemons' own ceiling, for the
 # analysis in docs/benchmarks.md), and resnet50 at the three rates over the DPDK transport where

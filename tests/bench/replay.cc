@@ -1,5 +1,5 @@
 // tests/bench/replay.cc — gradlane-replay: emulates one rank of data-parallel training from a
-// model profile (BRIEF §5 format, tests/data/models/*.json) through the real daemons, and
+// model profile (docs/design.md §5 format, tests/data/models/*.json) through the real daemons, and
 // reports iteration times.
 //
 // Compute is EMULATED BY SLEEPING: the process sleeps for each layer's fwd_us, and posts each

@@ -1,4 +1,4 @@
-// Scheduler overhead (BRIEF §5.3): nanoseconds per segment for enqueue + dequeue + ack, per
+// Scheduler overhead (docs/design.md §5.3): nanoseconds per segment for enqueue + dequeue + ack, per
 // policy, with 10k ready segments (100 tensors × 100 partitions of 64 KiB).
 //
 //   BM_Burst/<policy>:       all 10k segments become ready (backward order, 10 µs apart), then

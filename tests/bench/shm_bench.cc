@@ -1,4 +1,4 @@
-// shm_bench — data-path overheads of the shared-memory queue (BRIEF §5.3), as a plain timing
+// shm_bench — data-path overheads of the shared-memory queue (docs/design.md §5.3), as a plain timing
 // program (percentiles, which Google Benchmark does not report):
 //   1. ring post-to-visible latency between two processes, consumer spinning;
 //   2. the same with the consumer asleep on its doorbell (eventfd wake-up included);
