@@ -96,6 +96,21 @@ REFERENCES = {
     "resnet50": dict(img_s=195.0, profile_batch=8, expect_params=25_557_032),
     "vgg16": dict(img_s=144.0, profile_batch=4, expect_params=138_357_544),
     "bert-base": dict(img_s=None, profile_batch=4, expect_params=109_482_240),
+    # Further architectures (issue #12: does the scheduling gain hold beyond the four above?).
+    # None has a figure in TF_BENCH's table, so each time is the MAC-scaled estimate. Many small
+    # tensors: densenet121, mobilenet_v2/v3, shufflenet, efficientnet, googlenet, resnet152;
+    # few big ones: vgg19, alexnet, squeezenet (few and small); a second transformer: vit_b_16.
+    "densenet121": dict(img_s=None, profile_batch=4, expect_params=7_978_856),
+    "mobilenet_v2": dict(img_s=None, profile_batch=8, expect_params=3_504_872),
+    "mobilenet_v3_large": dict(img_s=None, profile_batch=8, expect_params=5_483_032),
+    "shufflenet_v2_x1_0": dict(img_s=None, profile_batch=8, expect_params=2_278_604),
+    "efficientnet_b0": dict(img_s=None, profile_batch=4, expect_params=5_288_548),
+    "googlenet": dict(img_s=None, profile_batch=4, expect_params=6_624_904),
+    "resnet152": dict(img_s=None, profile_batch=2, expect_params=60_192_808),
+    "squeezenet1_1": dict(img_s=None, profile_batch=8, expect_params=1_235_496),
+    "alexnet": dict(img_s=None, profile_batch=8, expect_params=61_100_840),
+    "vgg19": dict(img_s=None, profile_batch=2, expect_params=143_667_240),
+    "vit_b_16": dict(img_s=None, profile_batch=1, expect_params=86_567_656),
 }
 ANCHOR = "resnet50"
 
@@ -172,7 +187,10 @@ def build(name, batch):
         types = torch.zeros(batch, SEQ, dtype=torch.long)
         # Sentence-level objective on the pooled [CLS] vector; no extra parameters.
         return model, (ids, types), lambda out: out.pow(2).mean()
-    model = getattr(torchvision.models, name)(weights=None)
+    # GoogLeNet without its two auxiliary classifiers: they are a training aid that inference
+    # drops, and torchvision's published parameter count excludes them.
+    extra = dict(aux_logits=False, init_weights=True) if name == "googlenet" else {}
+    model = getattr(torchvision.models, name)(weights=None, **extra)
     x = torch.randn(batch, 3, 224, 224)
     y = torch.randint(0, 1000, (batch,))
     return model, (x,), lambda out: F.cross_entropy(out, y)
@@ -182,9 +200,22 @@ def profile(name, batch):
     torch.manual_seed(0)
     model, inputs, loss_fn = build(name, batch)
     model.train()
+    # nn.MultiheadAttention (vit_b_16) uses its out_proj's weight without calling out_proj:
+    # that Linear is merged into the attention module, whose forward it belongs to.
+    merged_into = {}
+    for m in model.modules():
+        if isinstance(m, nn.MultiheadAttention):
+            merged_into[id(m.out_proj)] = m
     layers = [(n, m) for n, m in model.named_modules()
-              if any(True for _ in m.parameters(recurse=False))]
+              if any(True for _ in m.parameters(recurse=False)) and id(m) not in merged_into]
     idx_of = {id(m): i for i, (_, m) in enumerate(layers)}
+
+    def own_params(m):
+        ps = list(m.parameters(recurse=False))
+        for c in m.children():
+            if merged_into.get(id(c)) is m:
+                ps += list(c.parameters(recurse=False))
+        return ps
     starts, calls, ready = {}, [], {}
 
     def pre_hook(mod, _inp):
@@ -195,7 +226,7 @@ def profile(name, batch):
 
     for _, m in layers:
         m.register_forward_pre_hook(pre_hook)
-        for p in m.parameters(recurse=False):
+        for p in own_params(m):
             def grad_hook(g, i=idx_of[id(m)]):
                 assert threading.get_ident() == MAIN_THREAD, "backward left the main thread"
                 ready[i] = max(ready.get(i, 0), clock())
@@ -231,7 +262,7 @@ def profile(name, batch):
     ready_med = [statistics.median(r[k] for r in ready_runs) / 1e3 for k in range(n)]
     iter_ms = [(sum(f) + r[0]) / 1e6 for f, r in zip(fwd_runs, ready_runs)]
     names = [layers[i][0] for i in order]
-    pbytes = [4 * sum(p.numel() for p in layers[i][1].parameters(recurse=False)) for i in order]
+    pbytes = [4 * sum(p.numel() for p in own_params(layers[i][1])) for i in order]
     return dict(names=names, param_bytes=pbytes, fwd_us=fwd_med, ready_us=ready_med,
                 bad_order=bad_order, iter_ms=iter_ms,
                 params=sum(p.numel() for p in model.parameters()))
@@ -272,6 +303,13 @@ def count_macs(name):
     total = [0]
 
     def hook(mod, _inp, out):
+        if isinstance(mod, nn.MultiheadAttention):
+            # vit_b_16's attention: the Q/K/V and output projections (the latter is a Linear
+            # submodule that the hook below does not see, since MultiheadAttention calls its
+            # weight directly) and the two seq x seq matmuls.
+            seq, d = out[0].shape[1], mod.embed_dim
+            total[0] += 4 * seq * d * d + 2 * seq * seq * d
+            return
         if isinstance(mod, nn.Conv2d):
             k = mod.kernel_size[0] * mod.kernel_size[1] * mod.in_channels // mod.groups
             total[0] += out.numel() * k
@@ -279,7 +317,7 @@ def count_macs(name):
             total[0] += out.numel() * mod.in_features
 
     for m in model.modules():
-        if isinstance(m, (nn.Conv2d, nn.Linear)):
+        if isinstance(m, (nn.Conv2d, nn.Linear, nn.MultiheadAttention)):
             m.register_forward_hook(hook)
     with torch.no_grad():
         model(*inputs)
@@ -311,10 +349,12 @@ def check_blas():
     """Debian's reference BLAS makes linear layers ~30x too slow relative to convolutions."""
     a = torch.randn(512, 512)
     a @ a
-    t = time.perf_counter()
+    # CPU time of this thread, like the profile itself: on a shared machine wall time would
+    # mistake other processes' load for a slow BLAS.
+    t = time.thread_time()
     for _ in range(4):
         a @ a
-    gflops = 4 * 2 * 512 ** 3 / (time.perf_counter() - t) / 1e9
+    gflops = 4 * 2 * 512 ** 3 / (time.thread_time() - t) / 1e9
     if gflops < 10:
         sys.exit(f"matmul runs at {gflops:.1f} GFLOP/s: the reference BLAS is in use; "
                  "apt-get install libopenblas0-openmp (deploy/install-deps.sh --profiles)")
@@ -354,7 +394,8 @@ def main():
         what = ("BERT-base-like encoder built with torch.nn (embeddings 30522/512/2 x 768 + "
                 "LayerNorm, 12 layers: separate Q/K/V/out 768x768, FFN 768-3072-768, GELU, 2 "
                 "LayerNorms; pooler 768x768; seq 128)" if name == "bert-base"
-                else f"torchvision {name} (224x224, 1000 classes)")
+                else f"torchvision {name} (224x224, 1000 classes"
+                + (", no auxiliary classifiers" if name == "googlenet" else "") + ")")
         common = (
             f"{what}, random init. Layers = modules owning parameters, weight+bias merged, in "
             f"forward-call order; param_bytes = fp32 bytes ({m['params']:,} params). Times: "
