@@ -5,7 +5,7 @@
 #   CC=clang CXX=clang++ meson setup build-fuzz-cov -Dfuzz=enabled -Dtests=disabled \
 #     -Dbenchmarks=disabled -Ddpdk=disabled -Dverbs=disabled \
 #     "-Dcpp_args=-fprofile-instr-generate -fcoverage-mapping" \
-#     "-Dcpp_link_args=-fprofile-instr-generate" && ninja -C build-fuzz-cov
+#     "-Dcpp_link_args=-fprofile-instr-generate" && ninja -C build-fuzz-cov fuzz
 #   tests/fuzz/coverage.sh build-fuzz-cov build-fuzz     # corpora of build-fuzz's runs + seeds
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

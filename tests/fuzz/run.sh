@@ -28,7 +28,7 @@ start=$(date +%s)
 for t in "${targets[@]}"; do
   exe="$build/tests/fuzz/${t}_fuzz"
   if [[ ! -x $exe ]]; then
-    printf '%-14s %s\n' "$t" "missing: $exe (ninja -C $build)"
+    printf '%-14s %s\n' "$t" "missing: $exe (ninja -C $build fuzz)"
     failed+=("$t")
     continue
   fi
