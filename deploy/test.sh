@@ -49,7 +49,7 @@ if [[ "${1:-}" != "--quick" ]]; then
     CC=clang CXX=clang++ meson setup build-fuzz -Dfuzz=enabled -Dtests=disabled -Dbenchmarks=disabled \
       -Ddpdk=disabled -Dverbs=disabled >/dev/null
   fi
-  ninja -C build-fuzz -j"$jobs"
+  ninja -C build-fuzz -j"$jobs" fuzz
   tests/fuzz/run.sh build-fuzz "${GRADLANE_FUZZ_SECONDS:-25}"
   echo "== build + tests under ASan/UBSan"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
