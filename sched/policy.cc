@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "sched/policies/bytescheduler.h"
 #include "sched/policies/fifo.h"
+#include "sched/policies/gradlane.h"
 #include "sched/policies/p3.h"
 #include "sched/policies/prophet.h"
 
@@ -40,6 +41,11 @@ absl::Status Validate(const PolicyConfig& c) {
         absl::StrCat("initial_bandwidth_bytes_per_s=", c.initial_bandwidth_bytes_per_s,
                      " out of range: ", kMinBandwidth, "..", kMaxBandwidth, " bytes/s"));
   }
+  if (c.per_message_overhead_ns < 0 || c.per_message_overhead_ns > kSecond) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("per_message_overhead_ns=", c.per_message_overhead_ns,
+                     " out of range: 0..", kSecond));
+  }
   return absl::OkStatus();
 }
 
@@ -53,6 +59,7 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(const PolicyConfig& config) {
   if (config.name == "p3") return P3Policy::Create(config);
   if (config.name == "bytescheduler") return ByteSchedulerPolicy::Create(config);
   if (config.name == "prophet") return std::unique_ptr<Policy>(ProphetPolicy::Create(config));
+  if (config.name == "gradlane") return std::unique_ptr<Policy>(GradlanePolicy::Create(config));
   return absl::InvalidArgumentError(absl::StrCat("unknown policy '", config.name,
                                                  "' (expected one of: ",
                                                  absl::StrJoin(PolicyNames(), ", "), ")"));
@@ -60,7 +67,7 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(const PolicyConfig& config) {
 
 const std::vector<std::string>& PolicyNames() {
   static const std::vector<std::string>* const kNames =
-      new std::vector<std::string>{"fifo", "p3", "bytescheduler", "prophet"};
+      new std::vector<std::string>{"fifo", "p3", "bytescheduler", "prophet", "gradlane"};
   return *kNames;
 }
 

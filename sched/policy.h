@@ -43,7 +43,7 @@ struct Dispatch {
 };
 
 struct PolicyConfig {
-  // fifo | p3 | bytescheduler | prophet
+  // fifo | p3 | bytescheduler | prophet | gradlane
   std::string name = "bytescheduler";
   // Partition size δ in bytes (0: the policy's default: p3 ≈ 50k params, bytescheduler 4 MB,
   // prophet 4 MB, fifo whole tensors).
@@ -53,6 +53,9 @@ struct PolicyConfig {
   // Initial link bandwidth guess for policies that plan by time (Prophet) until the estimator
   // reports; bytes per second.
   double initial_bandwidth_bytes_per_s = 1.25e9;
+  // Per-message cost θ on the sender's link (framing, syscall, ack handling), for policies that
+  // size messages by it (gradlane). The simulator passes its own θ.
+  TimeNs per_message_overhead_ns = 50 * kMicrosecond;
 };
 
 class Policy {

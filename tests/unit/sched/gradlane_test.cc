@@ -1,0 +1,208 @@
+// Unit tests of the gradlane policy's rules (sched/policies/gradlane.h): message time from the
+// per-iteration load and θ, message size from the link rate, the window from the estimate,
+// fusion that keeps each peer's priority order, and adaptation to a bandwidth change.
+#include "sched/policies/gradlane.h"
+
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace gradlane::sched {
+namespace {
+
+constexpr TimeNs kTheta = 50 * kMicrosecond;
+
+Segment Seg(uint32_t tensor, Priority priority, uint16_t peer, uint64_t length) {
+  Segment s;
+  s.key = MakeKey(tensor, 0);
+  s.priority = priority;
+  s.peer = peer;
+  s.length = length;
+  return s;
+}
+
+ReadyRange Range(uint32_t tensor, Priority priority, uint16_t peer, uint64_t bytes,
+                 int64_t iteration = 0) {
+  ReadyRange r;
+  r.tensor_id = tensor;
+  r.priority = priority;
+  r.peer = peer;
+  r.iteration = iteration;
+  r.tensor_bytes = bytes;
+  r.length = bytes;
+  return r;
+}
+
+std::unique_ptr<GradlanePolicy> Make(double bytes_per_s, TimeNs theta = kTheta) {
+  PolicyConfig c;
+  c.name = "gradlane";
+  c.initial_bandwidth_bytes_per_s = bytes_per_s;
+  c.per_message_overhead_ns = theta;
+  return GradlanePolicy::Create(c);
+}
+
+TEST(GradlaneRulesTest, MessageTimeBalancesOverheadAgainstBlocking) {
+  // τ = sqrt(N·θ / (2(P + 1))): 90 ms of traffic per iteration, θ = 50 µs, 2 peers -> 0.87 ms.
+  EXPECT_NEAR(GradlaneMessageNs(90 * kMillisecond, kTheta, 2), 866025, 1000);
+  // Four times the traffic: twice the message time (overhead share halves).
+  EXPECT_NEAR(GradlaneMessageNs(360 * kMillisecond, kTheta, 2), 1732051, 1000);
+  // More peers sharing each receiver: a longer queue behind an urgent arrival, so shorter.
+  EXPECT_LT(GradlaneMessageNs(90 * kMillisecond, kTheta, 7),
+            GradlaneMessageNs(90 * kMillisecond, kTheta, 2));
+  // Never below θ (a message would be mostly overhead) nor above the iteration's traffic.
+  EXPECT_EQ(GradlaneMessageNs(0, kTheta, 2), kTheta);
+  EXPECT_EQ(GradlaneMessageNs(10 * kMicrosecond, kTheta, 2), kTheta);
+  EXPECT_EQ(GradlaneMessageNs(400 * kMicrosecond, kTheta, 1), 70710);  // sqrt(400·50/4) µs
+  // θ = 0 is taken as 1 µs, not as "messages are free".
+  EXPECT_GT(GradlaneMessageNs(45 * kMillisecond, 0, 2), 0);
+}
+
+TEST(GradlaneRulesTest, MessageBytesFromRateAndTime) {
+  EXPECT_EQ(GradlaneMessageBytes(1.25e9, kMillisecond), 1'250'000u);  // 10 Gbit/s, 1 ms
+  EXPECT_EQ(GradlaneMessageBytes(125e6, kMillisecond), 125'000u);     // 1 Gbit/s, 1 ms
+  EXPECT_EQ(GradlaneMessageBytes(1.25e9, kMillisecond) % kGradlaneSliceAlignBytes, 0u);
+  EXPECT_EQ(GradlaneMessageBytes(1.0, 1), kGradlaneSliceAlignBytes);
+  // The message size grows with the rate (same time on the wire): the whole rule is in time.
+  EXPECT_GT(GradlaneMessageBytes(1.25e9, GradlaneMessageNs(45 * kMillisecond, kTheta, 2)),
+            GradlaneMessageBytes(375e6, GradlaneMessageNs(45 * kMillisecond, kTheta, 2)));
+}
+
+TEST(GradlaneRulesTest, WindowIsBandwidthDelayProductPlusTwoChargedMessagesPerPeerAndTwo) {
+  const double b = 375e6;  // 3 Gbit/s
+  const uint64_t msg = 500'000;
+  const uint64_t theta_bytes = static_cast<uint64_t>(b * 50e-6);
+  EXPECT_EQ(GradlaneChargeBytes(msg, b, kTheta), msg + theta_bytes);
+  EXPECT_EQ(GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 2),
+            static_cast<uint64_t>(b * 100e-6) + 6 * (msg + theta_bytes));
+  // A longer path: a larger window, by exactly the extra BDP.
+  EXPECT_EQ(GradlaneCreditBytes(b, 1100 * kMicrosecond, msg, kTheta, 2) -
+                GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 2),
+            375'000u);
+  // Each further peer sharing the receivers: two more messages.
+  EXPECT_EQ(GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 7) -
+                GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 2),
+            10 * (msg + theta_bytes));
+}
+
+TEST(GradlaneRulesTest, FusionTakesEachPeersPrefixInPriorityOrder) {
+  ReadyQueue q;
+  // Priorities 0..7 alternating peers 1 and 2, 10 kB each, and a big one for peer 1 at 8.
+  for (uint32_t i = 0; i < 8; ++i) q.Push(Seg(i, static_cast<Priority>(i), 1 + i % 2, 10'000));
+  q.Push(Seg(8, 8, 1, 1'000'000));
+  std::vector<Segment> scratch, block;
+  const uint64_t bytes = GradlaneTakeBlock(q, 100'000, scratch, block);
+  // Peer 1's slices 0, 2, 4, 6 fused; the big one does not fit and ends the block.
+  ASSERT_EQ(block.size(), 4u);
+  EXPECT_EQ(bytes, 40'000u);
+  for (size_t k = 0; k < block.size(); ++k) {
+    EXPECT_EQ(block[k].peer, 1);
+    EXPECT_EQ(block[k].priority, static_cast<Priority>(2 * k));
+  }
+  // What was passed over is still queued, in priority order, ahead of the big segment.
+  std::vector<Priority> rest;
+  while (!q.empty()) rest.push_back(q.Pop().priority);
+  EXPECT_EQ(rest, (std::vector<Priority>{1, 3, 5, 7, 8}));
+}
+
+TEST(GradlaneRulesTest, FusionStopsAtTheNextIteration) {
+  ReadyQueue q;
+  Segment a = Seg(0, 5, 1, 1000);
+  Segment b = Seg(1, 0, 1, 1000);
+  b.iteration = 1;
+  q.Push(a);
+  q.Push(b);
+  std::vector<Segment> scratch, block;
+  EXPECT_EQ(GradlaneTakeBlock(q, 1'000'000, scratch, block), 1000u);
+  EXPECT_EQ(q.size(), 1u);
+}
+
+TEST(GradlaneRulesTest, FusionNeverSkipsASegmentOfTheSamePeer) {
+  ReadyQueue q;
+  q.Push(Seg(0, 0, 1, 10'000));
+  q.Push(Seg(1, 1, 1, 90'000));  // does not fit in 50 kB
+  q.Push(Seg(2, 2, 1, 1'000));   // would fit, but must not overtake priority 1
+  std::vector<Segment> scratch, block;
+  EXPECT_EQ(GradlaneTakeBlock(q, 50'000, scratch, block), 10'000u);
+  ASSERT_EQ(block.size(), 1u);
+  EXPECT_EQ(q.Top().priority, 1);
+  // A head larger than the block is still taken, alone.
+  block.clear();
+  EXPECT_EQ(GradlaneTakeBlock(q, 50'000, scratch, block), 90'000u);
+  EXPECT_EQ(block.size(), 1u);
+}
+
+TEST(GradlanePolicyTest, SmallTensorsQueuedBehindAFullWindowGoAsOneMessage) {
+  auto p = Make(375e6);
+  Dispatch d;
+  // A large tensor fills the window first.
+  p->OnReady(Range(1000, 1000, 1, 64ull << 20), 0);
+  uint64_t in_flight = 0;
+  while (p->NextDispatch(0, d)) in_flight += d.bytes;
+  ASSERT_GT(in_flight, 0u);
+  // 100 tiny gradients (4 kB) become ready meanwhile, more urgent than the big tensor.
+  for (uint32_t i = 0; i < 100; ++i) p->OnReady(Range(i, static_cast<Priority>(i), 1, 4096), 0);
+  EXPECT_FALSE(p->NextDispatch(0, d));
+  p->OnAcked(in_flight, kMillisecond);
+  ASSERT_TRUE(p->NextDispatch(kMillisecond, d));
+  // All 100 in one message, in priority order.
+  ASSERT_EQ(d.segments.size(), 100u);
+  for (size_t k = 0; k < 100; ++k) EXPECT_EQ(d.segments[k].priority, static_cast<Priority>(k));
+}
+
+TEST(GradlanePolicyTest, WindowAndMessageFollowTheEstimate) {
+  auto p = Make(1.25e9);
+  p->OnLinkEstimate(1.25e9, 100 * kMicrosecond);
+  // One iteration's worth of traffic so that N is known: 60 MB at 10 Gbit/s = 48 ms.
+  for (uint32_t i = 0; i < 60; ++i) p->OnReady(Range(i, static_cast<Priority>(i), 1, 1'000'000), 0);
+  const uint64_t msg_fast = p->message_bytes();
+  const uint64_t window_fast = p->credit_capacity();
+  const double n_fast = 60e6 / 1.25e9;
+  // N is re-derived only when it moved by more than 1/8 (δ ∝ sqrt(N): within 6%).
+  EXPECT_NEAR(static_cast<double>(msg_fast), 1.25e9 * std::sqrt(n_fast * 50e-6 / 4),
+              0.07 * static_cast<double>(msg_fast));
+  EXPECT_EQ(window_fast, GradlaneCreditBytes(1.25e9, 100 * kMicrosecond, msg_fast, kTheta, 1));
+  // A smaller RTT is taken (a floor), a larger smoothed one is not (it includes our own queue).
+  p->OnLinkEstimate(1.25e9, 5 * kMillisecond);
+  EXPECT_EQ(p->rtt_min(), 100 * kMicrosecond);
+  EXPECT_EQ(p->credit_capacity(), window_fast);
+}
+
+TEST(GradlanePolicyTest, AdaptsWhenTheBandwidthDropsMidRun) {
+  auto p = Make(1.25e9);
+  p->OnLinkEstimate(1.25e9, 100 * kMicrosecond);
+  Dispatch d;
+  TimeNs now = 0;
+  auto iteration = [&](int64_t it) {
+    for (uint32_t i = 0; i < 60; ++i) {
+      p->OnReady(Range(i, static_cast<Priority>(i), 1 + i % 2, 1'000'000, it), now);
+    }
+    while (p->queued_segments() > 0) {
+      uint64_t sent = 0;
+      while (p->NextDispatch(now, d)) sent += d.bytes;
+      now += kMillisecond;
+      p->OnAcked(sent, now);
+    }
+  };
+  iteration(0);
+  iteration(1);
+  const uint64_t msg_before = p->message_bytes();
+  const uint64_t window_before = p->credit_capacity();
+  // The link drops to 1 Gbit/s and its RTT grows to 300 µs (a new path).
+  p->OnLinkEstimate(125e6, 300 * kMicrosecond);
+  iteration(2);
+  // N is 10x longer in time, B 10x smaller: δ = B·sqrt(N·θ) shrinks by 10/sqrt(10).
+  EXPECT_NEAR(static_cast<double>(p->message_bytes()),
+              static_cast<double>(msg_before) / std::sqrt(10.0), 0.05 * msg_before);
+  EXPECT_EQ(p->rtt_min(), 300 * kMicrosecond);
+  EXPECT_EQ(p->credit_capacity(),
+            GradlaneCreditBytes(125e6, 300 * kMicrosecond, p->message_bytes(), kTheta, 2));
+  EXPECT_LT(p->credit_capacity(), window_before);
+  // And back up: the window and the message grow again.
+  p->OnLinkEstimate(1.25e9, 100 * kMicrosecond);
+  EXPECT_EQ(p->message_bytes(), msg_before);
+  EXPECT_EQ(p->credit_capacity(), window_before);
+}
+
+}  // namespace
+}  // namespace gradlane::sched
