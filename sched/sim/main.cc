@@ -41,7 +41,7 @@ ABSL_FLAG(std::string, bandwidth, "10gbit",
           "per-host link bandwidth per direction: Nkbit, Nmbit, Ngbit or plain bits/s");
 ABSL_FLAG(int, workers, 3, "number of hosts W (each a worker and a PS shard)");
 ABSL_FLAG(std::string, policy, "all",
-          "'all' or a comma-separated list of policies (fifo, p3, bytescheduler, prophet)");
+          "'all' or a comma-separated list of policies (fifo, p3, bytescheduler, prophet, gradlane)");
 ABSL_FLAG(std::string, format, "csv", "csv (for tools) or table (for people)");
 ABSL_FLAG(double, overhead_us, 50, "per-message overhead θ on the sender's link, µs");
 ABSL_FLAG(double, latency_us, 25, "one-way latency, µs");
@@ -59,6 +59,10 @@ ABSL_FLAG(std::string, priorities, "index",
 ABSL_FLAG(bool, live_link_estimates, true,
           "feed each policy its host's live bandwidth/RTT estimate (sched/bandwidth_estimator.h); "
           "false: only the configured bandwidth and latency");
+ABSL_FLAG(double, rho, 0,
+          "scale every compute time of the profile (fwd, bwd, ready) by one factor so that ρ = "
+          "(2(W-1)/W · model bytes / B) / C takes this value at the given bandwidth and W; "
+          "0 = the profile's own times");
 ABSL_FLAG(bool, details, false,
           "after the rows, print each policy's per-iteration times and per-host link traffic");
 ABSL_FLAG(bool, fluid, false,
@@ -284,6 +288,16 @@ int main(int argc, char** argv) {
   if (credit < 0) Fail(2, "--credit_bytes must be >= 0");
   config.shard_partition_bytes = static_cast<uint64_t>(shard_bytes);
   config.ideal_granularity_bytes = static_cast<uint64_t>(ideal_bytes);
+  if (const double rho = absl::GetFlag(FLAGS_rho); rho != 0) {
+    if (!std::isfinite(rho) || rho < 1e-3 || rho > 1e3) Fail(2, "--rho must be 0 or in [0.001, 1000]");
+    const double factor = sim::Rho(*profile, config) / rho;
+    if (!std::isfinite(factor)) Fail(2, "--rho: the profile has no compute time to scale");
+    for (gradlane::sched::ModelLayer& l : profile->layers) {
+      l.fwd_ns = static_cast<TimeNs>(std::llround(static_cast<double>(l.fwd_ns) * factor));
+      l.bwd_ns = static_cast<TimeNs>(std::llround(static_cast<double>(l.bwd_ns) * factor));
+      l.ready_ns = static_cast<TimeNs>(std::llround(static_cast<double>(l.ready_ns) * factor));
+    }
+  }
   absl::StatusOr<std::vector<Priority>> priorities =
       LayerPriorities(*profile, absl::GetFlag(FLAGS_priorities), *bandwidth / 8);
   if (!priorities.ok()) Fail(2, priorities.status().message());
@@ -294,12 +308,14 @@ int main(int argc, char** argv) {
   if (!names.ok()) Fail(2, names.status().message());
 
   auto factory_for = [&](const std::string& name) {
-    return [name, partition, credit, bandwidth = *bandwidth]() {
+    return [name, partition, credit, bandwidth = *bandwidth,
+            overhead_ns = config.overhead_ns]() {
       PolicyConfig pc;
       pc.name = name;
       pc.partition_bytes = static_cast<uint64_t>(partition);
       pc.credit_bytes = static_cast<uint64_t>(credit);
       pc.initial_bandwidth_bytes_per_s = bandwidth / 8;
+      pc.per_message_overhead_ns = overhead_ns;
       return gradlane::sched::MakePolicy(pc);
     };
   };
