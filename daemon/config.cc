@@ -20,7 +20,8 @@ ABSL_FLAG(absl::Duration, peer_timeout, absl::Seconds(10),
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(60),
           "how long a job keeps dialing peers that are not up (or do not know the job) yet");
 ABSL_FLAG(std::string, default_policy, "bytescheduler",
-          "scheduling policy for jobs that name none: fifo, p3, bytescheduler, prophet");
+          "scheduling policy for jobs that name none: fifo, p3, bytescheduler, prophet, "
+          "gradlane");
 ABSL_FLAG(std::string, reduce, "sum", "reduction of the W contributions: sum or mean");
 ABSL_FLAG(std::string, allowed_uids, "",
           "comma-separated uids allowed to connect (empty with --allowed_gids empty: the "
