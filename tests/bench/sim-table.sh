@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# tests/bench/sim-table.sh — every profile × ρ ∈ {0.5, 1, 2} × bandwidth ∈ {1, 3, 10} Gbit/s ×
+# W ∈ {3, 8}, every policy, as ratios to the ideal bound (docs/simulator.md, issue #12).
+#
+#   tests/bench/sim-table.sh [BUILD_DIR] [PROFILE.json ...] > table.csv
+#
+# Defaults: build-h12 (any build dir with sched/gradlane-sim), every tests/data/models/*.json
+# but tiny.json. GRADLANE_SIM_JOBS runs that many simulations at once (default 2). Output: one
+# CSV row per (profile, rho, bandwidth, W): each policy's T/ideal, the best seed policy, and
+# gradlane / best seed; then, on stderr, the worst rows. The simulator is deterministic: the
+# same inputs give the same table on any machine and load.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-build-h12}
+shift || true
+sim="$root/$build/sched/gradlane-sim"
+[[ -x $sim ]] || { echo "sim-table: $sim not built (ninja -C $build sched/gradlane-sim)" >&2; exit 2; }
+if (($# == 0)); then
+  set -- $(ls "$root"/tests/data/models/*.json | grep -v '/tiny.json$')
+fi
+jobs=${GRADLANE_SIM_JOBS:-2}
+policies=fifo,p3,bytescheduler,prophet,gradlane
+
+row() {  # profile rho bandwidth workers
+  "$sim" --profile "$1" --rho "$2" --bandwidth "$3" --workers "$4" --policy "$policies" \
+      --format csv |
+    awk -F, -v p="$(basename "$1" .json)" -v rho="$2" -v bw="$3" -v w="$4" '
+      NR == 1 { next }
+      { r[$1] = $4 }
+      END {
+        best = "fifo"
+        split("p3 bytescheduler prophet", seeds, " ")
+        for (i in seeds) if (r[seeds[i]] < r[best]) best = seeds[i]
+        printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%.3f\n", p, rho, bw, w, r["fifo"], r["p3"],
+               r["bytescheduler"], r["prophet"], r["gradlane"], best, r["gradlane"] / r[best]
+      }'
+}
+export -f row
+export sim policies
+
+rows=$(mktemp)
+trap 'rm -f "$rows"' EXIT
+for p in "$@"; do for rho in 0.5 1 2; do for bw in 1gbit 3gbit 10gbit; do for w in 3 8; do
+  echo "$p $rho $bw $w"
+done; done; done; done | xargs -P "$jobs" -n 4 bash -c 'row "$@"' _ |
+  sort -t, -k1,1 -k2,2n -k3,3V -k4,4n > "$rows"
+echo "profile,rho,bandwidth,workers,fifo,p3,bytescheduler,prophet,gradlane,best_seed,gradlane_vs_best_seed"
+cat "$rows"
+awk -F, '
+  { if ($9 > worst) { worst = $9; wrow = $0 } if ($11 > wseed) { wseed = $11; srow = $0 }
+    n++; if ($9 <= 1.10) ok++; if ($11 <= 1.01) okseed++ }
+  END { printf "# rows %d; gradlane within 1.10x of the bound: %d; within 1%% of the best seed: %d\n# worst gradlane/bound: %s\n# worst gradlane/best seed: %s\n", n, ok, okseed, wrow, srow > "/dev/stderr" }' "$rows"
