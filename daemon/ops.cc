@@ -19,6 +19,8 @@ ABSL_FLAG(std::string, admin_socket, "",
 ABSL_FLAG(std::string, link_capacity, "0",
           "rate of the NIC port, e.g. 25gbit or 400mbit, exported for link utilization (0: "
           "unknown)");
+ABSL_FLAG(absl::Duration, job_retention, absl::Seconds(300),
+          "how long an ended or failed job stays in gradlanectl jobs and the metrics");
 ABSL_FLAG(uint64_t, trace_max_spans, uint64_t{1} << 20,
           "largest span buffer one gradlanectl trace may use (about 80 bytes a span)");
 
@@ -67,6 +69,11 @@ absl::StatusOr<OpsConfig> OpsConfigFromFlags(const std::string& client_socket) {
   auto rate = ParseLinkRate(absl::GetFlag(FLAGS_link_capacity));
   if (!rate.ok()) return rate.status();
   c.link_bytes_per_second = *rate;
+  const absl::Duration retention = absl::GetFlag(FLAGS_job_retention);
+  if (retention < absl::ZeroDuration() || retention > absl::Hours(24 * 7)) {
+    return absl::InvalidArgumentError("--job_retention must be between 0s and 168h");
+  }
+  c.job_retention = absl::ToInt64Nanoseconds(retention);
   c.trace_max_spans = absl::GetFlag(FLAGS_trace_max_spans);
   if (c.trace_max_spans < 1 || c.trace_max_spans > (uint64_t{1} << 26)) {
     return absl::InvalidArgumentError("--trace_max_spans must be 1..67108864");
@@ -80,6 +87,7 @@ absl::StatusOr<std::unique_ptr<OpsServices>> OpsServices::Start(const OpsConfig&
   auto ops = std::unique_ptr<OpsServices>(new OpsServices());
   ops->config_ = config;
   sources.link_bytes_per_second = config.link_bytes_per_second;
+  sources.job_retention = config.job_retention;
   ops->hub_ = std::make_unique<TelemetryHub>(std::move(sources));
   if (!config.metrics_address.empty()) {
     auto m = MetricsServer::Start(config.metrics_address, ops->hub_.get());

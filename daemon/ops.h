@@ -33,6 +33,7 @@ struct OpsConfig {
   std::string admin_socket;     // empty: no admin socket
   double link_bytes_per_second = 0;
   size_t trace_max_spans = 1 << 20;
+  sched::TimeNs job_retention = 300 * sched::kSecond;  // ended jobs kept for gradlanectl/metrics
 };
 
 // "25gbit", "400mbit", "1e9" (bits per second) -> bytes per second; "0" -> 0.

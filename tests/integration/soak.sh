@@ -92,7 +92,9 @@ daemon_up() {  # I
   DSEED=$((DSEED + 1))
   local extra=()
   [[ $PHASE == dpdk ]] && extra=(--dpdk_fault_seed=$((i * 1000 + DSEED)))
-  gl_daemon_start "$i" --peer_timeout=${PT}s --connect_timeout=10s "${extra[@]}"
+  # Ended jobs leave the daemon's telemetry 2 s after they end (default 300 s, for gradlanectl):
+  # what is still held at the end is then the daemon's, not the retention's.
+  gl_daemon_start "$i" --peer_timeout=${PT}s --connect_timeout=10s --job_retention=2s "${extra[@]}"
 }
 fds_of() { local n; n=$(ls "/proc/$1/fd" 2>/dev/null | wc -l); echo "$n"; }
 # "VmRSS RssAnon RssShmem" in kB. RssAnon is the daemon's own heap and stacks; RssShmem holds
@@ -393,7 +395,9 @@ done
 now_ms
 check_daemons
 
-# Resources of the daemons that lived through the whole phase.
+# Resources of the daemons that lived through the whole phase, once the last jobs' telemetry
+# has been let go (--job_retention=2s).
+sleep 3
 RES_LINES=()
 for i in 0 1 2; do
   if ((RESTARTS[i] > 0)) || [[ ${GL_DPID[i]} != "${PID0[i]}" ]]; then
