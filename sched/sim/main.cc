@@ -36,7 +36,7 @@
 #include "sched/priority.h"
 #include "sched/sim/simulator.h"
 
-ABSL_FLAG(std::string, profile, "", "model profile JSON file (BRIEF §5 format); required");
+ABSL_FLAG(std::string, profile, "", "model profile JSON file (docs/design.md §5 format); required");
 ABSL_FLAG(std::string, bandwidth, "10gbit",
           "per-host link bandwidth per direction: Nkbit, Nmbit, Ngbit or plain bits/s");
 ABSL_FLAG(int, workers, 3, "number of hosts W (each a worker and a PS shard)");

@@ -60,7 +60,7 @@
 //  * α (TicTac §3.2 overlap coefficient) = (N + C − T) / min(N, C). 1: the shorter of
 //    communication and compute is hidden completely; 0: no overlap; negative: slower than
 //    running them back to back (overheads, latency chains). NaN if N = 0.
-//  * ρ (BRIEF §5) = (2(W−1)/W · model bytes / B) / C.
+//  * ρ (docs/design.md §5) = (2(W−1)/W · model bytes / B) / C.
 //
 // Guarantees: deterministic (no clock, no randomness; ties between simultaneous events are
 // broken by a sequence number in insertion order; containers iterated are ordered). No I/O.
@@ -151,7 +151,7 @@ struct SimResult {
 // Checks a config against a profile (ranges, priorities' length); the simulators call it too.
 absl::Status ValidateConfig(const ModelProfile& profile, const SimConfig& config);
 
-// ρ of a profile under a config (BRIEF §5).
+// ρ of a profile under a config (docs/design.md §5).
 double Rho(const ModelProfile& profile, const SimConfig& config);
 
 // Runs warmup + measured iterations with one policy per host from `factory`. `label` names the

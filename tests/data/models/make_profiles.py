@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Generate the model profiles in tests/data/models/ (format: BRIEF §5).
+"""Generate the model profiles in tests/data/models/ (format: docs/design.md §5).
 
     /usr/bin/python3 tests/data/models/make_profiles.py            # all models, writes JSON here
     /usr/bin/python3 tests/data/models/make_profiles.py resnet18   # just one
@@ -22,7 +22,7 @@ What is measured (per model, on this CPU, torch.set_num_threads(1), train mode):
     layer is ready when all its parameters' gradients are. ready[i] is measured from the call
     of loss.backward(). bwd_us[last] = ready[last], bwd_us[i] = ready[i] - ready[i+1], so
     sum(bwd_us) is the whole backward pass up to the first layer's gradient and ready_us is
-    exactly the cumulative bwd_us from the last layer down (the BRIEF's default).
+    exactly the cumulative bwd_us from the last layer down (the design's default).
   * WARMUP iterations are discarded, then the per-layer median over ITERS iterations is taken
     (fwd deltas and ready times separately; the element-wise median of non-increasing ready
     vectors is itself non-increasing).
@@ -57,7 +57,7 @@ import threading
 import time
 
 # glibc malloc: without these, every large autograd buffer is mmap'ed/unmapped and the
-# page faults inflate backward 3-5x (BRIEF §6). Must be set before the process starts.
+# page faults inflate backward 3-5x (docs/design.md §6). Must be set before the process starts.
 _ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
         "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 if any(os.environ.get(k) != v for k, v in _ENV.items()):
