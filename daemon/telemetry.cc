@@ -24,7 +24,7 @@ const char* PeerStateText(PeerStateName s) {
 
 EventRing::EventRing(size_t capacity)
     : mask_(std::bit_ceil(std::max<size_t>(capacity, 2)) - 1),
-      slots_(new TelemetryEvent[mask_ + 1]) {}
+      slots_(new TelemetryEvent[mask_ + 1]()) {}  // () value-initializes: every page touched
 
 size_t EventRing::Drain(std::vector<TelemetryEvent>& out, size_t max) {
   const uint64_t head = head_.load(std::memory_order_relaxed);

@@ -79,7 +79,10 @@ static_assert(sizeof(TelemetryEvent) == 64, "one cache line per event");
 static_assert(offsetof(TelemetryEvent, t1) == 56);
 
 // Single-producer / single-consumer ring of events; capacity a power of two. Free-running
-// indices on their own cache lines; Push never blocks (a full ring drops and counts).
+// indices on their own cache lines; Push never blocks (a full ring drops and counts). Its
+// storage is written once at construction: the ring's pages are resident from the start, so
+// the daemon's RSS at start-up is already what recording will hold (it does not creep up by a
+// page every few dozen events until the ring has wrapped once), and Push never page-faults.
 class EventRing {
  public:
   // `capacity` is rounded up to a power of two (at least 2).
