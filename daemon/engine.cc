@@ -455,6 +455,22 @@ void Engine<T>::FailJob_st(Job& job, gl_status status, const std::string& reason
 }
 
 template <class T>
+std::string Engine<T>::DepartureReason(const Job& job, int64_t iteration) const {
+  if (job.phase != Job::Phase::kActive) {
+    return absl::StrCat("job ", job.info.job_id, ": the client of rank ", job.rank,
+                        " left the job; iteration ", iteration, " cannot be reduced without it");
+  }
+  for (uint16_t r = 0; r < job.world; ++r) {
+    if (job.peers[r].left) {
+      return absl::StrCat("job ", job.info.job_id, ": rank ", r, " left the job; iteration ",
+                          iteration, " cannot be reduced without it");
+    }
+  }
+  return absl::StrCat("job ", job.info.job_id, ": a rank left the job; iteration ", iteration,
+                      " cannot be reduced without it");
+}
+
+template <class T>
 void Engine<T>::RemoveFromTransport_st(Job& job) {
   if (!job.added_to_transport) return;
   job.added_to_transport = false;
@@ -664,6 +680,12 @@ void Engine<T>::OnSendFailed_st(const transport::SendCompletion& send, const abs
     if (job->leave_acks_pending > 0) --job->leave_acks_pending;
     return;
   }
+  if (absl::IsFailedPrecondition(why) && job->any_left) {
+    // Refused by a shard that knows a rank has left (it fails its job too): the departure is
+    // the reason, not the protocol.
+    FailJob_st(*job, GL_E_DISCONNECTED, DepartureReason(*job, send.iteration));
+    return;
+  }
   FailJob_st(*job, absl::IsFailedPrecondition(why) ? GL_E_PROTOCOL : StatusFor(why),
              absl::StrCat("job ", job->info.job_id, ": segment (tensor ",
                           sched::KeyTensor(send.key), ", offset ", send.offset,
@@ -684,7 +706,15 @@ RecvTarget Engine<T>::ResolveRecv_st(const transport::PeerInfo& peer,
     // The job already ended here too (its client closed first): nothing to refuse.
     return RecvTarget::Reject();
   }
-  if (job == nullptr || job->failed || r >= job->world || r == job->rank) return reject();
+  if (job == nullptr || job->failed) {
+    // The job has ended here (its client left, or it failed) and this connection outlived it:
+    // a peer dialed in while the failure was being handled. A refused frame would read to the
+    // sender as a protocol fault; closing the connection with a goodbye reads as what it is, a
+    // disconnection (the transports send no ack once the handler has disconnected).
+    transport_->Disconnect_st(peer.handle, SessionServer::MonotonicNow());
+    return RecvTarget::Reject();
+  }
+  if (r >= job->world || r == job->rank) return reject();
   const uint64_t cookie = MakeCookie(job->slot, job->generation, 0, 0);
   const uint32_t tid = sched::KeyTensor(h.key);
   if (h.key == kLeaveKey) {
@@ -744,6 +774,15 @@ void Engine<T>::OnRecvDone_st(const transport::PeerInfo& peer, const transport::
         FailJob_st(*job, GL_E_DISCONNECTED,
                    absl::StrCat("job ", job->info.job_id, ": rank ", r, " left the job without "
                                 "contributing to iteration ", o.round));
+        return;
+      }
+    }
+    // A leaving shard first sends every result it owes (they travel ahead of this frame on the
+    // same connection), so a partition of its that we posted and still wait for belongs to a
+    // round it never took part in: waiting would only end in the client's timeout.
+    for (const Part& p : job->parts) {
+      if (p.owner == r && p.posted > 0 && p.result_got < p.length) {
+        FailJob_st(*job, GL_E_DISCONNECTED, DepartureReason(*job, p.iteration));
         return;
       }
     }

@@ -162,6 +162,9 @@ class Engine final : public PostSink, public transport::TransportHandler {
   // The client closed: drain what the shard owes peers, tell them we leave; true when done.
   bool EndJob_st(Job& job, sched::TimeNs now);
   void FailJob_st(Job& job, gl_status status, const std::string& reason);
+  // Why iteration `iteration` can never complete once a rank has gone (this rank's client, or
+  // the first peer that said it leaves): the reason GL_E_DISCONNECTED carries.
+  std::string DepartureReason(const Job& job, int64_t iteration) const;
   void ReleaseJob_st(Job& job);
   // Stops accepting peers of the job (TCP: RemoveJob_st). Never from inside a callback.
   void RemoveFromTransport_st(Job& job);

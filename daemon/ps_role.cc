@@ -27,7 +27,14 @@ bool Engine<T>::ShardAccept_st(Job& job, OwnedPart& o, uint32_t rank, int64_t it
   uint64_t* got = &job.owned_got[static_cast<size_t>(&o - job.owned.data()) * job.world];
   if (o.round != iteration || o.reduced) {
     // A new round may start only after the previous one was reduced.
-    if (iteration <= o.round || !o.reduced || job.any_left) return false;
+    if (iteration <= o.round || !o.reduced) return false;
+    if (job.any_left || job.phase != Job::Phase::kActive) {
+      // A rank is gone for good (its client closed after its last round): this round can never
+      // be reduced. Every rank that goes on must hear that as a disconnection, naming who
+      // left, not as a refused iteration or a refused frame.
+      FailJob_st(job, GL_E_DISCONNECTED, DepartureReason(job, iteration));
+      return false;
+    }
     o.round = iteration;
     o.reduced = false;
     if (options_.telemetry != nullptr) {

@@ -340,6 +340,7 @@ void FakeTransport::Handle(Message& m, TimeNs now) {
       return;
     case FrameType::kData: {
       RecvTarget t = handler_->ResolveRecv_st(InfoOf(h), m.header);
+      if (c->state == State::kDown) return;  // the handler disconnected it (as TCP and DPDK do)
       bool ok = t.accept && t.region < regions_.size() && regions_[t.region].used &&
                 t.region_offset <= regions_[t.region].bytes &&
                 m.header.length <= regions_[t.region].bytes - t.region_offset;

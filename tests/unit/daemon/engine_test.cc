@@ -644,6 +644,59 @@ TEST(EngineTest, ClientDeathMidIterationFailsPeersAndFreesResources) {
   RunJob(cluster, next, 2, false);
 }
 
+// A client that closes between iterations (nothing posted) leaves the job cleanly; the ranks
+// that go on to the next iteration can never complete it, and must be told so with
+// GL_E_DISCONNECTED on every post: not a refused iteration, not a protocol fault, not a hang.
+// `wait_for_leave`: the survivors post only once the leaving daemon has released the job (they
+// know of the departure); otherwise they post while the departure is under way.
+void LeaveBetweenIterationsCase(const std::string& tag, bool wait_for_leave) {
+  Cluster cluster(3, TestOptions(), tag);
+  JobSpec job{"job-" + tag, 3, "bytescheduler", "secret", AwkwardTensors(), 41};
+  std::vector<SurvivorResult> res(3);
+  std::atomic<int> done0{0};
+  std::atomic<bool> left{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      RankClient c;
+      ASSERT_EQ(c.Setup(cluster.socket(r), job, r), GL_OK);
+      ASSERT_TRUE(c.Iterate(job, r, 0, false));
+      done0.fetch_add(1);
+      while (done0.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (r == 1) {
+        c.Close();
+        left.store(true);
+        return;
+      }
+      if (wait_for_leave) {
+        while (!left.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        EXPECT_TRUE(cluster.WaitFor(1, [](const EngineStats& s) { return s.jobs_released == 1; },
+                                    std::chrono::seconds(30)));
+      }
+      res[r].expected = c.Post(job, r, 1, 0, job.tensors.size());
+      res[r].statuses = c.Wait(res[r].expected, 30000);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r : {0, 2}) {
+    EXPECT_EQ(static_cast<int>(res[r].statuses.size()), res[r].expected) << "rank " << r;
+    for (int s : res[r].statuses) {
+      EXPECT_EQ(s, GL_E_DISCONNECTED) << "rank " << r << ": " << gl_strerror(s);
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(cluster.WaitFor(i, [](const EngineStats& s) { return s.jobs_active == 0; }));
+  }
+}
+
+TEST(EngineTest, RankThatLeftBetweenIterationsFailsTheNextOneWithDisconnected) {
+  LeaveBetweenIterationsCase("leave-known", true);
+}
+
+TEST(EngineTest, RankLeavingWhileOthersPostTheNextIterationFailsItWithDisconnected) {
+  for (int k = 0; k < 5; ++k) LeaveBetweenIterationsCase(absl::StrCat("leave-race", k), false);
+}
+
 TEST(EngineTest, ClientKilledWithSigkillMidIteration) {
   Cluster cluster(3, TestOptions(), "sigkill");
   JobSpec job{"job-sigkill", 3, "bytescheduler", "secret", AwkwardTensors(), 31};
