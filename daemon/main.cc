@@ -22,6 +22,8 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/config.h"
 #include "daemon/engine.h"
@@ -64,6 +66,14 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gradlaned: the gradlane per-host transport daemon.\n"
       "  gradlaned [--socket=PATH] [--listen=HOST:PORT] [--flagfile=FILE] ...");
+  // Abseil's --help lists only flags defined in a file named after the program (gradlaned.cc),
+  // so it listed none: the daemon's flags are in daemon/config.cc and daemon/ops.cc. List
+  // those; --helpfull still adds Abseil's own.
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "daemon/");
+  };
+  absl::SetFlagsUsageConfig(usage_config);
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) Die(absl::StrCat("unexpected argument '", rest[1], "'"));
 
