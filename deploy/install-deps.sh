@@ -16,6 +16,7 @@ packages=(
   prometheus systemd
   python3-matplotlib
   clang libclang-rt-14-dev  # the fuzz step: libFuzzer's runtime is libclang_rt.fuzzer (tests/fuzz)
+  dpkg-dev debhelper dh-python lintian  # deploy/package.sh and the 'package' suite (debian/)
 )
 if [[ "${1:-}" == "--profiles" ]]; then
   packages+=(python3-torch python3-torchvision libopenblas0-openmp)
