@@ -40,7 +40,9 @@ PY
 }
 
 echo "== build + tests (debugoptimized)"
-run_suite build "--no-suite=soak"  # the chaos soak (10 min) runs on request: docs/daemon.md
+# The chaos soak (10 min) and the Debian package build (suite 'package', ~10 min) run on
+# request: docs/daemon.md, docs/operations.md.
+run_suite build "--no-suite=soak --no-suite=package"
 if [[ "${1:-}" != "--quick" ]]; then
   # Every parser of untrusted input under libFuzzer for a bounded time (docs/fuzzing.md): a
   # clang build of the parsers only; fails on any crash.
@@ -53,7 +55,7 @@ if [[ "${1:-}" != "--quick" ]]; then
   tests/fuzz/run.sh build-fuzz "${GRADLANE_FUZZ_SECONDS:-25}"
   echo "== build + tests under ASan/UBSan"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    run_suite build-sanitize "--no-suite=integration-big --no-suite=soak" -Db_sanitize=address,undefined -Db_lundef=false -Dbenchmarks=disabled \
+    run_suite build-sanitize "--no-suite=integration-big --no-suite=soak --no-suite=package" -Db_sanitize=address,undefined -Db_lundef=false -Dbenchmarks=disabled \
       -Doptimization=1  # ASan's recommended level, and quicker to compile than -O2
   # The engine, the session server's acceptor, the admin and metrics threads and the clients
   # share counters, queues and rings: TSan checks the thread rules the comments state. DPDK is
