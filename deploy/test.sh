@@ -7,6 +7,10 @@
 #   deploy/test.sh --quick    the normal build only
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each pass says when it started and how loaded the machine was (CI's budget is per run).
+T_START=$SECONDS
+phase() { echo "== $* (at $((SECONDS - T_START)) s, load average $(cut -d' ' -f1-3 /proc/loadavg))"; }
+phase "install what is missing"
 bash deploy/install-deps.sh
 
 jobs=$(nproc)
@@ -39,21 +43,21 @@ print(" ".join(sorted(out)))
 PY
 }
 
-echo "== build + tests (debugoptimized)"
+phase "build + tests (debugoptimized)"
 # The chaos soak (10 min) and the Debian package build (suite 'package', ~10 min) run on
 # request: docs/daemon.md, docs/operations.md.
 run_suite build "--no-suite=soak --no-suite=package"
 if [[ "${1:-}" != "--quick" ]]; then
   # Every parser of untrusted input under libFuzzer for a bounded time (docs/fuzzing.md): a
   # clang build of the parsers only; fails on any crash.
-  echo "== libFuzzer targets, ${GRADLANE_FUZZ_SECONDS:-25} s each (clang)"
+  phase "libFuzzer targets, ${GRADLANE_FUZZ_SECONDS:-25} s each (clang)"
   if [[ ! -f build-fuzz/build.ninja ]]; then
     CC=clang CXX=clang++ meson setup build-fuzz -Dfuzz=enabled -Dtests=disabled -Dbenchmarks=disabled \
       -Ddpdk=disabled -Dverbs=disabled >/dev/null
   fi
   ninja -C build-fuzz -j"$jobs" fuzz
   tests/fuzz/run.sh build-fuzz "${GRADLANE_FUZZ_SECONDS:-25}"
-  echo "== build + tests under ASan/UBSan"
+  phase "build + tests under ASan/UBSan"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_suite build-sanitize "--no-suite=integration-big --no-suite=soak --no-suite=package" -Db_sanitize=address,undefined -Db_lundef=false -Dbenchmarks=disabled \
       -Doptimization=1  # ASan's recommended level, and quicker to compile than -O2
@@ -61,7 +65,7 @@ if [[ "${1:-}" != "--quick" ]]; then
   # share counters, queues and rings: TSan checks the thread rules the comments state. DPDK is
   # left out (its lcore runtime is not instrumented), and so are the integration scripts.
   # Only what those suites run is built (not the simulator, the sched tests or the harnesses).
-  echo "== build + daemon, transport, shm and libclient tests under ThreadSanitizer"
+  phase "build + daemon, transport, shm and libclient tests under ThreadSanitizer"
   tsan_setup=(-Db_sanitize=thread -Db_lundef=false -Dbenchmarks=disabled -Ddpdk=disabled -Doptimization=1)
   if [[ -f build-tsan/build.ninja ]]; then
     meson configure build-tsan "${tsan_setup[@]}" >/dev/null
@@ -75,3 +79,4 @@ if [[ "${1:-}" != "--quick" ]]; then
     meson test -C build-tsan --no-rebuild --print-errorlogs --num-processes "$jobs" \
       "${tsan_suites[@]/#/--suite=}"
 fi
+phase "all passes done"
