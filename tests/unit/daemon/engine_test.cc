@@ -595,43 +595,58 @@ TEST(EngineTest, SendQueueFullIsBackPressureNotAFailure) {
 struct SurvivorResult {
   std::vector<int> statuses;
   int expected = 0;
-  double seconds = 0;
 };
+
+// Every rank's client in its own thread: sets up, runs iteration 0 (bit-exact), counts itself
+// in `done0`, then runs `then(rank, client)`, which waits on whatever signal its test needs.
+// Returns once every thread has ended.
+template <class C>
+void AfterIterationZero(C& cluster, const JobSpec& job, std::atomic<int>& done0,
+                        const std::function<void(int, RankClient&)>& then) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < job.world; ++r) {
+    threads.emplace_back([&, r] {
+      RankClient c;
+      ASSERT_EQ(c.Setup(cluster.socket(r), job, r), GL_OK);
+      ASSERT_TRUE(c.Iterate(job, r, 0, false));
+      done0.fetch_add(1);
+      then(r, c);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Posts all of iteration 1 and collects a status per post. A survivor's posts must all be
+// answered (the Wait limit only ends a hang): by an error, since a rank is missing.
+void PostIterationOne(const JobSpec& job, int rank, RankClient& c, SurvivorResult& out) {
+  out.expected = c.Post(job, rank, 1, 0, job.tensors.size());
+  out.statuses = c.Wait(out.expected, 30000);
+}
+
+void WaitUntil(const std::function<bool()>& pred) {
+  while (!pred()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
 
 TEST(EngineTest, ClientDeathMidIterationFailsPeersAndFreesResources) {
   Cluster cluster(3, TestOptions(), "death");
   JobSpec job{"job-death", 3, "bytescheduler", "secret", AwkwardTensors(), 5};
   std::vector<SurvivorResult> res(3);
-  std::promise<void> iter0_done[3];
-  std::shared_future<void> all_iter0;
-  std::vector<std::thread> threads;
-  std::atomic<int> ready{0};
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      RankClient c;
-      ASSERT_EQ(c.Setup(cluster.socket(r), job, r), GL_OK);
-      ASSERT_TRUE(c.Iterate(job, r, 0, false));
-      ready.fetch_add(1);
-      while (ready.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      if (r == 1) {
-        // Dies with half of its gradients posted.
-        c.Post(job, r, 1, 0, job.tensors.size() / 2);
-        c.Close();
-        return;
-      }
-      const auto t0 = Clock::now();
-      res[r].expected = c.Post(job, r, 1, 0, job.tensors.size());
-      res[r].statuses = c.Wait(res[r].expected);
-      res[r].seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    });
-  }
-  for (auto& t : threads) t.join();
+  std::atomic<int> done0{0};
+  AfterIterationZero(cluster, job, done0, [&](int r, RankClient& c) {
+    WaitUntil([&] { return done0.load() == 3; });
+    if (r == 1) {
+      // Dies with half of its gradients posted.
+      c.Post(job, r, 1, 0, job.tensors.size() / 2);
+      c.Close();
+      return;
+    }
+    PostIterationOne(job, r, c, res[r]);
+  });
   for (int r : {0, 2}) {
     EXPECT_EQ(static_cast<int>(res[r].statuses.size()), res[r].expected) << "rank " << r;
     int errors = 0;
     for (int s : res[r].statuses) errors += s != GL_OK;
     EXPECT_GT(errors, 0) << "rank " << r;
-    EXPECT_LT(res[r].seconds, 5.0);
   }
   EXPECT_TRUE(cluster.WaitFor(1, [](const EngineStats& s) {
     return s.jobs_active == 0 && s.arena_aliases == 0 && s.jobs_released == 1;
@@ -655,29 +670,20 @@ void LeaveBetweenIterationsCase(const std::string& tag, bool wait_for_leave) {
   std::vector<SurvivorResult> res(3);
   std::atomic<int> done0{0};
   std::atomic<bool> left{false};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      RankClient c;
-      ASSERT_EQ(c.Setup(cluster.socket(r), job, r), GL_OK);
-      ASSERT_TRUE(c.Iterate(job, r, 0, false));
-      done0.fetch_add(1);
-      while (done0.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      if (r == 1) {
-        c.Close();
-        left.store(true);
-        return;
-      }
-      if (wait_for_leave) {
-        while (!left.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        EXPECT_TRUE(cluster.WaitFor(1, [](const EngineStats& s) { return s.jobs_released == 1; },
-                                    std::chrono::seconds(30)));
-      }
-      res[r].expected = c.Post(job, r, 1, 0, job.tensors.size());
-      res[r].statuses = c.Wait(res[r].expected, 30000);
-    });
-  }
-  for (auto& t : threads) t.join();
+  AfterIterationZero(cluster, job, done0, [&](int r, RankClient& c) {
+    WaitUntil([&] { return done0.load() == 3; });
+    if (r == 1) {
+      c.Close();
+      left.store(true);
+      return;
+    }
+    if (wait_for_leave) {
+      WaitUntil([&] { return left.load(); });
+      EXPECT_TRUE(cluster.WaitFor(1, [](const EngineStats& s) { return s.jobs_released == 1; },
+                                  std::chrono::seconds(30)));
+    }
+    PostIterationOne(job, r, c, res[r]);
+  });
   for (int r : {0, 2}) {
     EXPECT_EQ(static_cast<int>(res[r].statuses.size()), res[r].expected) << "rank " << r;
     for (int s : res[r].statuses) {
@@ -753,34 +759,26 @@ void PeerDownCase(bool silent) {
   Cluster cluster(3, TestOptions(), silent ? "silent" : "loud");
   JobSpec job{silent ? "job-silent" : "job-loud", 3, "bytescheduler", "secret", AwkwardTensors(), 9};
   std::vector<SurvivorResult> res(3);
-  std::atomic<int> ready{0};
+  std::atomic<int> done0{0};
   std::atomic<bool> killed{false};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      RankClient c;
-      ASSERT_EQ(c.Setup(cluster.socket(r), job, r), GL_OK);
-      ASSERT_TRUE(c.Iterate(job, r, 0, false));
-      ready.fetch_add(1);
-      while (!killed.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      if (r == 2) return;  // its daemon is gone
-      const auto t0 = Clock::now();
-      res[r].expected = c.Post(job, r, 1, 0, job.tensors.size());
-      res[r].statuses = c.Wait(res[r].expected);
-      res[r].seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    });
-  }
-  while (ready.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  cluster.Kill(2, silent);
-  killed.store(true);
-  for (auto& t : threads) t.join();
+  std::thread killer([&] {
+    WaitUntil([&] { return done0.load() == 3; });
+    cluster.Kill(2, silent);
+    killed.store(true);
+  });
+  AfterIterationZero(cluster, job, done0, [&](int r, RankClient& c) {
+    WaitUntil([&] { return killed.load(); });
+    if (r == 2) return;  // its daemon is gone
+    PostIterationOne(job, r, c, res[r]);
+  });
+  killer.join();
   for (int r : {0, 1}) {
     EXPECT_EQ(static_cast<int>(res[r].statuses.size()), res[r].expected) << "rank " << r;
     int errors = 0;
     for (int s : res[r].statuses) errors += s != GL_OK;
+    // Every post answered: the loud kill is seen at once, the silent one by the peer timeout
+    // (1 s); without either the posts would wait for ever.
     EXPECT_GT(errors, 0) << "rank " << r;
-    // peer_timeout is 1 s: the loud kill is seen at once, the silent one by the timeout.
-    EXPECT_LT(res[r].seconds, 4.0) << "rank " << r;
   }
   for (int i : {0, 1}) {
     EXPECT_TRUE(cluster.WaitFor(i, [](const EngineStats& s) {
@@ -973,7 +971,7 @@ TEST(EngineTcpTest, MalformedFramesAndWrongTokenAreRejectedAndCounted) {
     (void)::read(fd, buf, sizeof(buf));  // the reject, then EOF
     ::close(fd);
   }
-  const auto end = Clock::now() + std::chrono::seconds(5);
+  const auto end = Clock::now() + std::chrono::seconds(30);  // only a failing run waits it out
   while (cluster.TransportStats(0).malformed() == 0 && Clock::now() < end) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -1018,33 +1016,24 @@ TEST(EngineTcpTest, PeerDaemonStoppingFailsPendingPosts) {
   TcpCluster cluster(3, TestOptions(), "stop");
   JobSpec job{"tcp-stop", 3, "bytescheduler", "secret", AwkwardTensors(), 24, cluster.peers()};
   std::vector<SurvivorResult> res(3);
-  std::atomic<int> ready{0};
+  std::atomic<int> done0{0};
   std::atomic<bool> stopped{false};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      RankClient c;
-      ASSERT_EQ(c.Setup(cluster.socket(r), job, r), GL_OK);
-      ASSERT_TRUE(c.Iterate(job, r, 0, false));
-      ready.fetch_add(1);
-      while (!stopped.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      if (r == 2) return;
-      const auto t0 = Clock::now();
-      res[r].expected = c.Post(job, r, 1, 0, job.tensors.size());
-      res[r].statuses = c.Wait(res[r].expected);
-      res[r].seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    });
-  }
-  while (ready.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  cluster.Stop(2);
-  stopped.store(true);
-  for (auto& t : threads) t.join();
+  std::thread stopper([&] {
+    WaitUntil([&] { return done0.load() == 3; });
+    cluster.Stop(2);
+    stopped.store(true);
+  });
+  AfterIterationZero(cluster, job, done0, [&](int r, RankClient& c) {
+    WaitUntil([&] { return stopped.load(); });
+    if (r == 2) return;
+    PostIterationOne(job, r, c, res[r]);
+  });
+  stopper.join();
   for (int r : {0, 1}) {
     EXPECT_EQ(static_cast<int>(res[r].statuses.size()), res[r].expected);
     int errors = 0;
     for (int s : res[r].statuses) errors += s != GL_OK;
     EXPECT_EQ(errors, res[r].expected) << "rank " << r;
-    EXPECT_LT(res[r].seconds, 4.0);
   }
 }
 
