@@ -39,16 +39,24 @@ struct gl_client {
   uint64_t session_id = 0;
   int timeout_ms = 10000;
   uint64_t next_request = 1;
-  // Written by the thread in gl_wait, read by a thread posting concurrently.
+  // Set once, by the thread that sees the session end (a control call, or gl_wait), after
+  // disconnect_reason is written; any thread may read the reason once it has seen the flag
+  // (acquire), since nothing writes it again.
   std::atomic<bool> disconnected{false};
   int disconnect_status = GL_E_DISCONNECTED;
-  std::string last_error;
+  std::string disconnect_reason;
   std::vector<uint64_t> tensor_bytes;  // by tensor id, for GL_WHOLE_TENSOR
 };
 
 namespace {
 
-thread_local std::string g_connect_error;
+// The detail of the last failure, per thread (the errno model): one thread may post while
+// another waits on the same client, and each then reads its own failure's text, never a string
+// the other thread is writing. `t_error_client` says which client it was about (nullptr:
+// gl_connect).
+thread_local std::string t_error;
+thread_local const gl_client* t_error_client = nullptr;
+thread_local bool t_error_is_disconnect = false;  // then the text is the client's reason
 
 // How long gl_wait spins before it sleeps: long enough to catch a completion that is a few
 // microseconds away without a system call, short enough not to burn a core.
@@ -61,12 +69,29 @@ int64_t NowNs() {
 }
 
 int Fail(gl_client* c, int status, const std::string& why) {
-  if (c != nullptr) {
-    c->last_error = why;
-  } else {
-    g_connect_error = why;
-  }
+  t_error = why;
+  t_error_client = c;
+  t_error_is_disconnect = false;
   return status;
+}
+
+// A call on a client whose session has ended: its text is the session's reason, referred to,
+// not copied (gl_post takes this path: the data path allocates nothing).
+int FailDisconnected(gl_client* c) {
+  t_error_client = c;
+  t_error_is_disconnect = true;
+  return GL_E_DISCONNECTED;
+}
+
+// The session has ended: records why (the first time only) for every thread, then fails the
+// calling thread's call with it.
+int Disconnect(gl_client* c, int daemon_status, const std::string& why) {
+  if (!c->disconnected.load(std::memory_order_acquire)) {
+    c->disconnect_reason = why;
+    c->disconnect_status = daemon_status;
+    c->disconnected.store(true, std::memory_order_release);
+  }
+  return FailDisconnected(c);
 }
 
 int FromStatus(const absl::Status& s) {
@@ -101,31 +126,23 @@ int ReadSocketEvent(gl_client* c) {
     auto rx = gradlane::shm::ReceiveMessage(c->socket.get(), &r, sizeof(r), stray);
     if (!rx.ok()) {
       if (absl::IsUnavailable(rx.status())) return GL_OK;
-      c->disconnected = true;
-      return Fail(c, GL_E_DISCONNECTED, std::string(rx.status().message()));
+      return Disconnect(c, GL_E_DISCONNECTED, std::string(rx.status().message()));
     }
-    if (rx->eof) {
-      c->disconnected = true;
-      if (c->last_error.empty()) c->last_error = "the daemon closed the session";
-      return GL_E_DISCONNECTED;
-    }
+    if (rx->eof) return Disconnect(c, GL_E_DISCONNECTED, "the daemon closed the session");
     if (rx->bytes == sizeof(r) && r.header.type == GL_MSG_GOODBYE) {
-      c->disconnected = true;
-      c->disconnect_status = r.status;
       r.message[GL_MESSAGE_TEXT - 1] = '\0';
-      return Fail(c, GL_E_DISCONNECTED,
-                  absl::StrCat("daemon closed the session (", gl_strerror(r.status), "): ",
-                               r.message));
+      return Disconnect(c, r.status,
+                        absl::StrCat("daemon closed the session (", gl_strerror(r.status), "): ",
+                                     r.message));
     }
     // A late reply to a request that timed out: drop it and look again.
   }
 }
 
 int Request(gl_client* c, const void* msg, uint32_t len, uint64_t request_id, gl_reply* reply) {
-  if (c->disconnected) return Fail(c, GL_E_DISCONNECTED, c->last_error);
+  if (c->disconnected.load(std::memory_order_acquire)) return FailDisconnected(c);
   if (absl::Status s = gradlane::shm::SendMessage(c->socket.get(), msg, len); !s.ok()) {
-    c->disconnected = true;
-    return Fail(c, GL_E_DISCONNECTED, std::string(s.message()));
+    return Disconnect(c, GL_E_DISCONNECTED, std::string(s.message()));
   }
   const int64_t deadline = NowNs() + int64_t{c->timeout_ms} * 1'000'000;
   std::array<UniqueFd, gradlane::shm::kMaxPassedFds> stray;
@@ -137,25 +154,18 @@ int Request(gl_client* c, const void* msg, uint32_t len, uint64_t request_id, gl
       return Fail(c, FromStatus(s), std::string(s.message()));
     }
     auto rx = gradlane::shm::ReceiveMessage(c->socket.get(), reply, sizeof(*reply), stray);
-    if (!rx.ok()) {
-      c->disconnected = true;
-      return Fail(c, GL_E_DISCONNECTED, std::string(rx.status().message()));
-    }
-    if (rx->eof) {
-      c->disconnected = true;
-      return Fail(c, GL_E_DISCONNECTED, "the daemon closed the session");
-    }
+    if (!rx.ok()) return Disconnect(c, GL_E_DISCONNECTED, std::string(rx.status().message()));
+    if (rx->eof) return Disconnect(c, GL_E_DISCONNECTED, "the daemon closed the session");
     if (rx->bytes != sizeof(*reply)) continue;
     reply->message[GL_MESSAGE_TEXT - 1] = '\0';
     if (reply->header.type == GL_MSG_GOODBYE) {
-      c->disconnected = true;
-      return Fail(c, GL_E_DISCONNECTED,
-                  absl::StrCat("daemon closed the session (", gl_strerror(reply->status),
-                               "): ", reply->message));
+      return Disconnect(c, reply->status,
+                        absl::StrCat("daemon closed the session (", gl_strerror(reply->status),
+                                     "): ", reply->message));
     }
     if (reply->header.type != GL_MSG_REPLY || reply->header.request_id != request_id) continue;
     if (reply->status != GL_OK) return Fail(c, reply->status, reply->message);
-    c->last_error.clear();
+    if (t_error_client == c) t_error.clear();
     return GL_OK;
   }
 }
@@ -192,7 +202,14 @@ const char* gl_strerror(int status) {
 }
 
 const char* gl_last_error(const gl_client* c) {
-  return c == nullptr ? g_connect_error.c_str() : c->last_error.c_str();
+  if (t_error_client == c) {
+    return t_error_is_disconnect && c != nullptr ? c->disconnect_reason.c_str() : t_error.c_str();
+  }
+  // Another thread saw the session end (say, the one in gl_wait): its reason is for everyone.
+  if (c != nullptr && c->disconnected.load(std::memory_order_acquire)) {
+    return c->disconnect_reason.c_str();
+  }
+  return "";
 }
 
 int gl_connect(const gl_connect_options* options, gl_client** out) {
@@ -275,7 +292,7 @@ int gl_connect(const gl_connect_options* options, gl_client** out) {
   c->cq = RingConsumer<gl_cqe>(cqh, reinterpret_cast<gl_cqe*>(cqh + 1), slots);
   c->sq_bell = Doorbell(sqh, c->sq_efd.get());
   c->cq_bell = Doorbell(cqh, c->cq_efd.get());
-  g_connect_error.clear();
+  if (t_error_client == nullptr) t_error.clear();
   *out = c.release();
   return GL_OK;
 }
@@ -368,7 +385,7 @@ int gl_post(gl_client* c, uint32_t tensor_id, int64_t iteration, uint64_t offset
 
 int gl_testing_post_raw(gl_client* c, const gl_sqe* sqe) {
   if (c == nullptr || sqe == nullptr) return GL_E_INVALID_ARGUMENT;
-  if (c->disconnected) return GL_E_DISCONNECTED;
+  if (c->disconnected.load(std::memory_order_acquire)) return FailDisconnected(c);
   switch (c->sq.TryPush(*sqe)) {
     case RingResult::kOk:
       c->sq_bell.NotifyIfArmed();
@@ -418,7 +435,7 @@ int gl_wait(gl_client* c, gl_completion* out, uint32_t max, uint32_t* count, int
   for (;;) {
     int s = gl_poll(c, out, max, count);
     if (s != GL_OK || *count > 0) return s;
-    if (c->disconnected) return Fail(c, GL_E_DISCONNECTED, c->last_error);
+    if (c->disconnected.load(std::memory_order_acquire)) return FailDisconnected(c);
     const int64_t now = NowNs();
     if (now - start < kSpinNs && now < deadline) continue;
     if (now >= deadline) return GL_E_TIMEOUT;
@@ -453,6 +470,13 @@ int gl_arena(const gl_client* c, void** base, uint64_t* bytes) {
 
 uint64_t gl_session_id(const gl_client* c) { return c == nullptr ? 0 : c->session_id; }
 
-void gl_close(gl_client* c) { delete c; }
+void gl_close(gl_client* c) {
+  if (c != nullptr && t_error_client == c) {  // a later client may get the same address
+    t_error_client = nullptr;
+    t_error_is_disconnect = false;
+    t_error.clear();
+  }
+  delete c;
+}
 
 }  // extern "C"

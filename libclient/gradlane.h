@@ -68,7 +68,11 @@ const char* gl_strerror(int status);
 /* Connects, sends the hello (magic, ABI version, pid) and maps the session's arena. */
 int gl_connect(const gl_connect_options* options, gl_client** out);
 
-/* Detail of the last failure on `c` (never NULL; "" if none). Valid until the next call. */
+/* Detail of the last failure of a call on `c` made by the calling thread (per thread, like
+ * errno: a thread posting and another waiting each read their own); once the session has ended,
+ * a thread with no failure of its own on `c` gets the daemon's reason. `c` NULL: the calling
+ * thread's last gl_connect failure. Never NULL ("" if none); valid until that thread's next
+ * call on `c`. */
 const char* gl_last_error(const gl_client* c);
 
 int gl_register_job(gl_client* c, const gl_job_info* job);

@@ -953,6 +953,44 @@ TEST(Hostile, ScribbledRingConstantsDisconnect) {
   EXPECT_TRUE(env.WaitFor([](const SessionServerStats& s) { return s.corrupt_disconnects == 1; }));
 }
 
+// One thread posts while another waits (the one concurrency gradlane.h allows) when the session
+// ends: each thread reads the reason through gl_last_error, and neither reads a string the other
+// is writing (the error text is per thread; the session's reason is written once, before the
+// disconnected flag). TSan checks the second half.
+TEST(Hostile, ThePosterAndTheWaiterBothReadWhyTheSessionEnded) {
+  ServerEnv env;
+  ClientPtr c = Connect(env);
+  ASSERT_EQ(RegisterJob(c.get()), GL_OK);
+  uint32_t id;
+  void* buf;
+  ASSERT_EQ(gl_register_tensor(c.get(), "t", 64, GL_DTYPE_F32, 0, &id, &buf), GL_OK);
+  std::string poster_saw;
+  std::thread poster([&] {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (int64_t i = 0; std::chrono::steady_clock::now() < end; ++i) {
+      const int s = gl_post(c.get(), id, i, 0, 64, static_cast<uint64_t>(i));
+      if (s == GL_E_DISCONNECTED) {
+        poster_saw = gl_last_error(c.get());
+        return;
+      }
+      std::this_thread::yield();
+    }
+  });
+  SubmissionHeader(c.get())->slots = 1u << 30;  // the daemon ends the session: corrupt ring
+  gl_completion out[16];
+  uint32_t n = 0;
+  int s = GL_OK;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (s != GL_E_DISCONNECTED && std::chrono::steady_clock::now() < end) {
+    s = gl_wait(c.get(), out, 16, &n, 1000);  // completions of the poster's first posts come too
+  }
+  ASSERT_EQ(s, GL_E_DISCONNECTED);
+  const std::string waiter_saw = gl_last_error(c.get());
+  poster.join();
+  EXPECT_NE(waiter_saw.find("corrupt"), std::string::npos) << waiter_saw;
+  EXPECT_EQ(poster_saw, waiter_saw);
+}
+
 TEST(Hostile, KillDashNineMidStreamNoticedWithin100msAndReclaimed) {
   ServerEnv env;
   int ready[2];
