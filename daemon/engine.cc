@@ -455,7 +455,11 @@ void Engine<T>::FailJob_st(Job& job, gl_status status, const std::string& reason
 }
 
 template <class T>
-std::string Engine<T>::DepartureReason(const Job& job, int64_t iteration) const {
+std::string Engine<T>::DepartureReason(const Job& job, int64_t iteration, int left_rank) const {
+  if (left_rank >= 0) {
+    return absl::StrCat("job ", job.info.job_id, ": rank ", left_rank, " left the job; iteration ",
+                        iteration, " cannot be reduced without it");
+  }
   if (job.phase != Job::Phase::kActive) {
     return absl::StrCat("job ", job.info.job_id, ": the client of rank ", job.rank,
                         " left the job; iteration ", iteration, " cannot be reduced without it");
@@ -782,7 +786,8 @@ void Engine<T>::OnRecvDone_st(const transport::PeerInfo& peer, const transport::
     // round it never took part in: waiting would only end in the client's timeout.
     for (const Part& p : job->parts) {
       if (p.owner == r && p.posted > 0 && p.result_got < p.length) {
-        FailJob_st(*job, GL_E_DISCONNECTED, DepartureReason(*job, p.iteration));
+        FailJob_st(*job, GL_E_DISCONNECTED,
+                   DepartureReason(*job, p.iteration, static_cast<int>(r)));
         return;
       }
     }

@@ -2,7 +2,8 @@
 // and the co-located parameter-server roles (docs/design.md §2, §4).
 //
 // One Engine owns one SessionServer (client sessions), one transport (a compile-time backend:
-// TcpTransport in the daemon, FakeTransport in tests) and every job of this daemon. Per job:
+// TcpTransport or DpdkTransport in the daemon, FakeTransport in tests) and every job of this
+// daemon. Per job:
 //   worker role  a client post is cut at the engine's partition boundaries; pieces this rank's
 //                shard owns are contributed in place (no copy), the others are fed to the job's
 //                policy as pushes to their shard. Pull responses are received straight into the
@@ -17,7 +18,8 @@
 // estimator is fed by sends and acks and pushed into the policy every few milliseconds.
 //
 // Implementation by concern: engine.cc (loop, job lifecycle, transport callbacks),
-// worker_role.cc, ps_role.cc, engine_sched.cc (policy → sends, credit, online tuning).
+// worker_role.cc, ps_role.cc, engine_sched.cc (policy → sends, credit, online tuning),
+// engine_telemetry.cc (heartbeat and snapshots for gradlanectl and the metrics).
 //
 // Faults (each ends in error completions, never a hang or a crash):
 //   - client death: the session server reclaims the session; the engine notices within one
@@ -25,7 +27,8 @@
 //     transport has dropped every send from it) and closes every connection of the job, both
 //     directions, so peers fail even if they were only waiting on this rank.
 //   - clean end: a client that closes with nothing pending first lets its shard finish the pull
-//     responses it owes, then sends a leave frame; peers do not count the disconnect as a fault.
+//     responses it owes, then sends a leave frame; peers do not count the disconnect as a fault,
+//     but any later iteration fails with GL_E_DISCONNECTED naming the rank (DepartureReason).
 //   - peer death or timeout: the transport fails pending sends and reports the peer down; the
 //     job fails (GL_E_DISCONNECTED / GL_E_TIMEOUT) and disconnects its other peers.
 //   - wrong token: the peer refuses the hello; the job fails with GL_E_PERMISSION.
@@ -162,9 +165,10 @@ class Engine final : public PostSink, public transport::TransportHandler {
   // The client closed: drain what the shard owes peers, tell them we leave; true when done.
   bool EndJob_st(Job& job, sched::TimeNs now);
   void FailJob_st(Job& job, gl_status status, const std::string& reason);
-  // Why iteration `iteration` can never complete once a rank has gone (this rank's client, or
-  // the first peer that said it leaves): the reason GL_E_DISCONNECTED carries.
-  std::string DepartureReason(const Job& job, int64_t iteration) const;
+  // Why iteration `iteration` can never complete once a rank has gone (`left_rank`; -1: this
+  // rank's client if it left, else the first peer that said it leaves): the reason
+  // GL_E_DISCONNECTED carries.
+  std::string DepartureReason(const Job& job, int64_t iteration, int left_rank = -1) const;
   void ReleaseJob_st(Job& job);
   // Stops accepting peers of the job (TCP: RemoveJob_st). Never from inside a callback.
   void RemoveFromTransport_st(Job& job);

@@ -1,6 +1,7 @@
 // daemon/engine_internal.h — pieces shared by the engine's implementation files (engine.cc,
-// worker_role.cc, ps_role.cc, engine_sched.cc): send/receive cookies, status mapping, the
-// online tuner's state, and the explicit-instantiation list. Not for use outside daemon/.
+// worker_role.cc, ps_role.cc, engine_sched.cc, engine_telemetry.cc): send/receive cookies,
+// status mapping, the online tuner's state, and the explicit-instantiation list. Not for use
+// outside daemon/.
 #ifndef GRADLANE_DAEMON_ENGINE_INTERNAL_H_
 #define GRADLANE_DAEMON_ENGINE_INTERNAL_H_
 

@@ -87,9 +87,13 @@ bool Engine<T>::SendDispatch_st(Job& job, uint32_t d, size_t from, TimeNs now) {
       spec.cookie = MakeCookie(job.slot, job.generation, kCookiePull, d);
     }
     JobPeer& peer = job.peers[seg.peer];
-    if (peer.left || peer.out == transport::kNoPeer) {
-      FailJob_st(job, GL_E_DISCONNECTED, absl::StrCat("job ", job.info.job_id, ": rank ",
-                                                      seg.peer, " left the job"));
+    if (peer.left) {
+      FailJob_st(job, GL_E_DISCONNECTED, DepartureReason(job, seg.iteration, seg.peer));
+      return false;
+    }
+    if (peer.out == transport::kNoPeer) {
+      FailJob_st(job, GL_E_DISCONNECTED, absl::StrCat("job ", job.info.job_id,
+                                                      ": no connection to rank ", seg.peer));
       return false;
     }
     absl::Status s = transport_->PostSend_st(peer.out, spec);

@@ -6,7 +6,7 @@
 // "receive target resolver"), report completions, and expose live statistics.
 //
 // How the interface is expressed (the eRPC choice): the backend is a compile-time parameter of
-// the engine (`Engine<TcpTransport>`, `Engine<FakeTransport>`, later dpdk/verbs), checked by the
+// the engine (`Engine<TcpTransport>`, `Engine<DpdkTransport>`, `Engine<FakeTransport>`; later verbs), checked by the
 // `Transport` concept below. Backends are concrete `final` classes, so PostSend_st and
 // Progress_st are direct calls that inline; there is no virtual call into the transport. The
 // other direction — completions into the engine — goes through TransportHandler, an abstract
