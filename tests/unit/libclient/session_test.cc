@@ -104,6 +104,20 @@ int RegisterJob(gl_client* c, uint32_t rank = 0, uint32_t world = 2) {
   return gl_register_job(c, &job);
 }
 
+// A client with its job registered and one 64-byte f32 tensor "t": what most tests here need.
+struct OneTensorClient {
+  ClientPtr c;
+  uint32_t id = 0;
+  void* buf = nullptr;
+};
+OneTensorClient ConnectWithOneTensor(const ServerEnv& env, uint32_t ring_slots = 0) {
+  OneTensorClient o{Connect(env, ring_slots)};
+  EXPECT_EQ(RegisterJob(o.c.get()), GL_OK) << gl_last_error(o.c.get());
+  EXPECT_EQ(gl_register_tensor(o.c.get(), "t", 64, GL_DTYPE_F32, 0, &o.id, &o.buf), GL_OK)
+      << gl_last_error(o.c.get());
+  return o;
+}
+
 // The default limit only bounds a failing test; a busy machine must not reach it.
 gl_completion WaitOne(gl_client* c, int timeout_ms = 30000) {
   gl_completion out{};
@@ -208,11 +222,7 @@ TEST(Session, PipelinedPostsCompleteInOrderNoneLost) {
 
 TEST(Session, OneThreadPostsAnotherWaits) {
   ServerEnv env;
-  ClientPtr c = Connect(env, 64);
-  ASSERT_EQ(RegisterJob(c.get()), GL_OK);
-  uint32_t id;
-  void* buf;
-  ASSERT_EQ(gl_register_tensor(c.get(), "t", 64, GL_DTYPE_F32, 0, &id, &buf), GL_OK);
+  auto [c, id, buf] = ConnectWithOneTensor(env, 64);
   constexpr uint64_t kPosts = 100'000;
   std::thread poster([&] {
     for (uint64_t i = 0; i < kPosts;) {
@@ -241,11 +251,7 @@ TEST(Session, OneThreadPostsAnotherWaits) {
 
 TEST(Session, SleepingDaemonAndClientWakeEachOther) {
   ServerEnv env;
-  ClientPtr c = Connect(env);
-  ASSERT_EQ(RegisterJob(c.get()), GL_OK);
-  uint32_t id;
-  void* buf;
-  ASSERT_EQ(gl_register_tensor(c.get(), "t", 64, GL_DTYPE_F32, 0, &id, &buf), GL_OK);
+  auto [c, id, buf] = ConnectWithOneTensor(env);
   for (int i = 0; i < 50; ++i) {
     // Gaps long enough for the server to fall asleep on its doorbells each time.
     std::this_thread::sleep_for(std::chrono::milliseconds(i % 5));
@@ -859,7 +865,9 @@ TEST(Validation, PostedRangesMatchAByteMap) {
       std::vector<bool> seen(256, false);
       for (int k = 0; k < t.posted_count; ++k) {
         ASSERT_LT(t.posted[k].first, t.posted[k].second);
-        if (k > 0) ASSERT_LT(t.posted[k - 1].second, t.posted[k].first);
+        if (k > 0) {
+          ASSERT_LT(t.posted[k - 1].second, t.posted[k].first);
+        }
         for (uint64_t b = t.posted[k].first; b < t.posted[k].second; ++b) seen[b] = true;
       }
       ASSERT_EQ(seen, used);
@@ -959,11 +967,7 @@ TEST(Hostile, ScribbledRingConstantsDisconnect) {
 // disconnected flag). TSan checks the second half.
 TEST(Hostile, ThePosterAndTheWaiterBothReadWhyTheSessionEnded) {
   ServerEnv env;
-  ClientPtr c = Connect(env);
-  ASSERT_EQ(RegisterJob(c.get()), GL_OK);
-  uint32_t id;
-  void* buf;
-  ASSERT_EQ(gl_register_tensor(c.get(), "t", 64, GL_DTYPE_F32, 0, &id, &buf), GL_OK);
+  auto [c, id, buf] = ConnectWithOneTensor(env);
   std::string poster_saw;
   std::thread poster([&] {
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
