@@ -150,6 +150,10 @@ int main(int argc, char** argv) {
     }
     systemd.Stopping();
     gradlane::daemon::LogLine(absl::StrCat("signal ", sig, ": shutting down"));
+    // The admin and metrics threads read the engine and its session server, which the engine's
+    // shutdown destroys: they stop first (a scrape during shutdown used to read a freed
+    // session server).
+    ops->reset();
     stop.store(true, std::memory_order_release);
     engine_thread.join();  // Run() ends with Shutdown_st: posts failed, sessions closed, unmapped
     {
@@ -160,7 +164,6 @@ int main(int argc, char** argv) {
           " segments_sent=", es.segments_sent, " segments_received=", es.segments_received,
           " rounds_reduced=", es.rounds_reduced, " rounds_folded=", es.rounds_folded));
     }
-    ops->reset();          // admin and metrics threads read the engine's counters
     engine->reset();
     return 0;
   };
