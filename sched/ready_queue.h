@@ -5,10 +5,11 @@
 // which makes every pop deterministic whatever the push order:
 //   1. iteration  (an older iteration's leftover first, whatever its priority: see below)
 //   2. priority   (smaller = more urgent; P3 / ByteScheduler priority = forward-consumption order)
-//   3. key        (tensor, then partition: a tensor's partitions go front to back, which is the
+//   3. round      (0 unless a policy slices partitions: see Segment::round)
+//   4. key        (tensor, then partition: a tensor's partitions go front to back, which is the
 //                  order in which the next forward pass reads them)
-//   4. direction  (push before pull at equal key: a worker's own contribution unblocks the sum)
-//   5. peer, offset, length, ready_at
+//   5. direction  (push before pull at equal key: a worker's own contribution unblocks the sum)
+//   6. peer, offset, length, ready_at
 // Why iteration comes first: the only segments of two iterations that meet in one queue are a
 // co-located shard's pull responses of iteration i and its worker's pushes of i + 1 (this rank
 // finished i before a peer did). No partition of i + 1 can be reduced anywhere before every rank
@@ -38,10 +39,10 @@ namespace gradlane::sched {
 
 // True if `a` must be sent before `b`. See the order documented above.
 inline bool SegmentBefore(const Segment& a, const Segment& b) {
-  return std::tie(a.iteration, a.priority, a.key, a.direction, a.peer, a.offset, a.length,
-                  a.ready_at) <
-         std::tie(b.iteration, b.priority, b.key, b.direction, b.peer, b.offset, b.length,
-                  b.ready_at);
+  return std::tie(a.iteration, a.priority, a.round, a.key, a.direction, a.peer, a.offset,
+                  a.length, a.ready_at) <
+         std::tie(b.iteration, b.priority, b.round, b.key, b.direction, b.peer, b.offset,
+                  b.length, b.ready_at);
 }
 
 class ReadyQueue {
@@ -65,7 +66,7 @@ class ReadyQueue {
       free_.pop_back();
       slots_[slot] = s;
     }
-    heap_.push_back({s.iteration, s.priority, slot, s.key});
+    heap_.push_back({s.iteration, s.key, s.priority, s.round, slot});
     queued_bytes_ += s.length;
     std::push_heap(heap_.begin(), heap_.end(), After{this});
   }
@@ -88,16 +89,17 @@ class ReadyQueue {
   uint64_t queued_bytes() const { return queued_bytes_; }
 
  private:
-  // The heap moves 24-byte entries holding the three leading sort fields, so sifting touches
-  // little memory; the full Segment is read only to break an (iteration, priority, key) tie —
-  // common in PS mode, where a shard sends the same key to every worker.
+  // The heap moves 32-byte entries holding the four leading sort fields, so sifting touches
+  // little memory; the full Segment is read only to break an (iteration, priority, round, key)
+  // tie — common in PS mode, where a shard sends the same key to every worker.
   struct Entry {
     int64_t iteration;
-    Priority priority;
-    uint32_t slot;  // index into slots_
     SegmentKey key;
+    Priority priority;
+    uint32_t round;
+    uint32_t slot;  // index into slots_
   };
-  static_assert(sizeof(Entry) == 24, "heap entries should stay small: they are what sifts move");
+  static_assert(sizeof(Entry) == 32, "heap entries should stay small: they are what sifts move");
 
   // std heap algorithms build a max-heap under the comparator: "After" puts the most urgent
   // segment at the front.
@@ -106,6 +108,7 @@ class ReadyQueue {
     bool operator()(const Entry& a, const Entry& b) const {
       if (a.iteration != b.iteration) return b.iteration < a.iteration;
       if (a.priority != b.priority) return b.priority < a.priority;
+      if (a.round != b.round) return b.round < a.round;
       if (a.key != b.key) return b.key < a.key;
       return SegmentBefore(q->slots_[b.slot], q->slots_[a.slot]);
     }

@@ -131,8 +131,11 @@ void GradlanePolicy::OnReady(const ReadyRange& range, TimeNs now) {
   CutRange(plan, range, now, [&](const Segment& piece) {
     Segment s = piece;
     const uint64_t end = piece.offset + piece.length;
+    const uint64_t partition_start = piece.offset - piece.offset % plan.partition_bytes();
     while (s.offset < end) {
       s.length = std::min(slice, end - s.offset);
+      s.round = static_cast<uint32_t>(
+          std::min<uint64_t>((s.offset - partition_start) / slice, UINT32_MAX));
       queue_.Push(s);
       s.offset += s.length;
     }
@@ -200,14 +203,10 @@ TimeNs GradlanePolicy::NextWakeup(TimeNs now) const {
 void GradlanePolicy::OnLinkEstimate(double bytes_per_s, TimeNs rtt) {
   if (!(bytes_per_s > 0)) return;
   const TimeNs old_rtt_min = rtt_min_;
-  // A bandwidth change by more than 2x is taken as a new path: its RTT floor starts afresh.
-  if (rtt_min_bandwidth_ == 0 || bytes_per_s > 2 * rtt_min_bandwidth_ ||
-      2 * bytes_per_s < rtt_min_bandwidth_) {
-    rtt_min_ = rtt;
-    rtt_min_bandwidth_ = bytes_per_s;
-  } else {
-    rtt_min_ = std::min(rtt_min_, rtt);
-  }
+  // The floor is the smallest RTT of the job's life. Every sample carries serialization and the
+  // queues (ours and the receivers'), so a floor restarted from one, after a time or on a 2x
+  // swing of the rate estimate as the first version did, sized windows of tens of MB.
+  rtt_min_ = std::min(rtt_min_, rtt);
   // The estimate jitters: re-derive only when B moved by more than 1/8 or the floor moved.
   const bool bandwidth_moved =
       bytes_per_s > bandwidth_ * 1.125 || bytes_per_s * 1.125 < bandwidth_;

@@ -17,7 +17,15 @@
 //   root. τ is kept within [θ, N]. The message size is δ = B·τ (GradlaneMessageBytes).
 // Rule 2, slicing. A ready range is cut into the daemon's key partitions (configured δ_key,
 //   default 4 MiB, the same keys as bytescheduler so that the shard map is unchanged) and each
-//   partition piece into slices of at most δ: the slice is the preemption granularity.
+//   partition piece into slices of at most δ: the slice is the preemption granularity. Slice j
+//   of a partition gets Segment::round j, so within one priority the queue serves slice j of
+//   every partition and every pulling peer before slice j + 1 of any: a big tensor's slices go
+//   round-robin over the shard owners (pushes) and over the workers (a shard's pull responses)
+//   instead of one owner's partition at a time. Every host follows the same priority order, so
+//   front-to-back slices made all W − 1 senders push to the same owner at once: that owner's
+//   downlink was shared W − 1 ways while the others idled (vgg16, 1 Gbit/s, W = 8, ρ = 1:
+//   1.14x the bound with partitions in key order, 1.05x round-robin). The forward pass needs
+//   the whole tensor, so the order inside it costs nothing.
 // Rule 3, fusion (GradlaneTakeBlock). A dispatch is one message: the most urgent queued slice
 //   and, behind it, the next slices *for the same peer in priority order* while the block stays
 //   within δ. Slices for other peers that are passed over stay queued, in order, and go in the
@@ -36,12 +44,18 @@
 //   whose downlink the other senders share, so it waits there behind messages of each of them
 //   before its ack can start back; with fewer in flight the uplink idles while the receivers
 //   drain. Measured on vgg16 at 1 Gbit/s, W = 3, ρ = 1: 2 messages 1.22x the bound (uplink
-//   idle 18%), P + 1 = 3 messages 1.13x, 2(P + 1) = 6 1.09x; a fixed 8 MiB 1.02x. At W = 8
-//   2(P + 1) is still short (1.31x; 16 MiB fixed: 1.07x): the receivers' queueing grows
-//   faster than P, and sizing the window from the measured ack delay is the open item
-//   (a first attempt, delay past this host's own uplink queue, was worse). rtt_min is the
-//   smallest RTT reported since the bandwidth last changed by more than 2× (the smoothed RTT
-//   includes this host's own queue, which would inflate the window it sizes).
+//   idle 18%), P + 1 = 3 messages 1.13x, 2(P + 1) = 6 1.09x; a fixed 8 MiB 1.02x (these with
+//   slices in key order). At W = 8 the first version measured 1.31x, not because 2(P + 1) is
+//   short but because its floor restarted from the smoothed RTT whenever the rate estimate
+//   swung by 2x, which it does under incast: windows of 15–55 MB. With the floor below and
+//   round-robin slices (rule 2) it is 1.05x (a fixed 16 MiB: 1.03x; 4(P + 1) messages: 1.05x).
+//   rtt_min is the smallest RTT reported in the job's life: every sample includes
+//   serialization and this host's and the receivers' queues, which would inflate the window it
+//   sizes, so no sample is trusted to replace a smaller floor. A floor expiring after 10 s
+//   (BBR's RTprop window) gave way to such samples within one vgg16 iteration at 1 Gbit/s
+//   (1.08x instead of 1.05x). The price: after a route change to a longer path the window is
+//   short by B·(new RTT − old), which the 2(P + 1) messages absorb while that is less than
+//   2(P + 1)·τ; the daemon builds a new policy per job.
 // Rule 5, adaptation. Every OnLinkEstimate and every completed iteration re-derives δ and the
 //   window: a bandwidth change reshapes both within one estimate. The BO tuner (bo_tuner.h) is
 //   not used as an outer loop: the rules are closed-form in measured quantities, and a search
@@ -128,7 +142,6 @@ class GradlanePolicy final : public Policy {
   TimeNs overhead_;              // θ
   double bandwidth_;             // B, bytes/s
   TimeNs rtt_min_ = kNever;
-  double rtt_min_bandwidth_ = 0;  // B when rtt_min_ was (re)started
 
   // Egress bytes per iteration: the latest iteration's running count and the previous one's.
   bool has_iteration_ = false;

@@ -150,6 +150,60 @@ TEST(GradlanePolicyTest, SmallTensorsQueuedBehindAFullWindowGoAsOneMessage) {
   for (size_t k = 0; k < 100; ++k) EXPECT_EQ(d.segments[k].priority, static_cast<Priority>(k));
 }
 
+// Every host follows the same priority order: with a tensor's slices sent partition by
+// partition, all W - 1 workers would push to the same shard owner at once. Slice j of every
+// partition goes before slice j + 1 of any (rule 2), for pushes to the owners and for a shard's
+// pull responses to the workers alike.
+TEST(GradlanePolicyTest, SlicesOfABigTensorGoRoundRobinOverItsOwners) {
+  auto p = Make(1.25e9);
+  constexpr uint64_t kPartition = kGradlaneDefaultKeyPartitionBytes;
+  for (uint16_t owner = 1; owner <= 4; ++owner) {  // a 16 MiB tensor, one partition per owner
+    ReadyRange r = Range(7, 2, owner, 4 * kPartition);
+    r.offset = (owner - 1) * kPartition;
+    r.length = kPartition;
+    p->OnReady(r, 0);
+  }
+  ASSERT_LT(p->message_bytes(), kPartition / 2) << "several slices per partition";
+  ASSERT_GE(p->queued_segments(), 8u);
+  Dispatch d;
+  std::vector<uint16_t> peers;
+  while (peers.size() < 8 && p->NextDispatch(0, d)) {
+    ASSERT_EQ(d.segments.size(), 1u) << "a slice is a message of its own";
+    peers.push_back(d.segments[0].peer);
+  }
+  EXPECT_EQ(peers, (std::vector<uint16_t>{1, 2, 3, 4, 1, 2, 3, 4}));
+
+  // A shard's pull responses of one partition: slice j to every worker before slice j + 1.
+  auto shard = Make(1.25e9);
+  for (uint16_t worker = 1; worker <= 3; ++worker) {
+    ReadyRange r = Range(9, 0, worker, kPartition);
+    r.direction = Direction::kPull;
+    shard->OnReady(r, 0);
+  }
+  peers.clear();
+  while (peers.size() < 6 && shard->NextDispatch(0, d)) peers.push_back(d.segments[0].peer);
+  EXPECT_EQ(peers, (std::vector<uint16_t>{1, 2, 3, 1, 2, 3}));
+}
+
+// Under incast the rate estimate swings by 2x and more and the smoothed RTT carries the
+// receivers' queues: neither may move the RTT floor up (the first version restarted it on every
+// 2x swing and sized windows of tens of MB at W = 8).
+TEST(GradlanePolicyTest, TheRttFloorIgnoresSwingsOfTheEstimate) {
+  auto p = Make(125e6);
+  p->OnLinkEstimate(125e6, 100 * kMicrosecond);
+  for (uint32_t i = 0; i < 20; ++i) p->OnReady(Range(i, static_cast<Priority>(i), 1 + i % 7, 5'000'000), 0);
+  const double swings[][2] = {{50e6, 80e-3}, {250e6, 240e-3}, {90e6, 60e-3}, {125e6, 150e-3}};
+  for (const auto& [rate, rtt_s] : swings) {
+    p->OnLinkEstimate(rate, static_cast<TimeNs>(rtt_s * kSecond));
+    EXPECT_EQ(p->rtt_min(), 100 * kMicrosecond);
+    EXPECT_EQ(p->credit_capacity(),
+              GradlaneCreditBytes(p->bandwidth_bytes_per_s(), 100 * kMicrosecond,
+                                  p->message_bytes(), kTheta, p->peers()));
+  }
+  // A window of 2(P + 1) messages and one BDP, not the smoothed RTT's worth of bytes.
+  EXPECT_LT(p->credit_capacity(), 125e6 * 0.060);
+}
+
 TEST(GradlanePolicyTest, WindowAndMessageFollowTheEstimate) {
   auto p = Make(1.25e9);
   p->OnLinkEstimate(1.25e9, 100 * kMicrosecond);
@@ -188,15 +242,16 @@ TEST(GradlanePolicyTest, AdaptsWhenTheBandwidthDropsMidRun) {
   iteration(1);
   const uint64_t msg_before = p->message_bytes();
   const uint64_t window_before = p->credit_capacity();
-  // The link drops to 1 Gbit/s and its RTT grows to 300 µs (a new path).
+  // The link drops to 1 Gbit/s; its smoothed RTT grows to 300 µs, which does not move the
+  // floor (TheRttFloorIgnoresSwingsOfTheEstimate).
   p->OnLinkEstimate(125e6, 300 * kMicrosecond);
   iteration(2);
   // N is 10x longer in time, B 10x smaller: δ = B·sqrt(N·θ) shrinks by 10/sqrt(10).
   EXPECT_NEAR(static_cast<double>(p->message_bytes()),
               static_cast<double>(msg_before) / std::sqrt(10.0), 0.05 * msg_before);
-  EXPECT_EQ(p->rtt_min(), 300 * kMicrosecond);
+  EXPECT_EQ(p->rtt_min(), 100 * kMicrosecond);
   EXPECT_EQ(p->credit_capacity(),
-            GradlaneCreditBytes(125e6, 300 * kMicrosecond, p->message_bytes(), kTheta, 2));
+            GradlaneCreditBytes(125e6, 100 * kMicrosecond, p->message_bytes(), kTheta, 2));
   EXPECT_LT(p->credit_capacity(), window_before);
   // And back up: the window and the message grow again.
   p->OnLinkEstimate(1.25e9, 100 * kMicrosecond);

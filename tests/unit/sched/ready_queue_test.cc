@@ -25,6 +25,7 @@ Segment RandomSegment(std::mt19937_64& rng) {
   s.offset = rng() % 2;
   s.length = rng() % 2;
   s.ready_at = static_cast<TimeNs>(rng() % 2);
+  s.round = static_cast<uint32_t>(rng() % 2);
   return s;
 }
 
@@ -63,7 +64,7 @@ TEST(SegmentOrderTest, EquivalentOnlyWhenIdentical) {
     const Segment b = RandomSegment(rng);
     const bool same = a.priority == b.priority && a.key == b.key && a.iteration == b.iteration &&
                       a.direction == b.direction && a.peer == b.peer && a.offset == b.offset &&
-                      a.length == b.length && a.ready_at == b.ready_at;
+                      a.length == b.length && a.ready_at == b.ready_at && a.round == b.round;
     ASSERT_EQ(Equivalent(a, b), same);
   }
 }
@@ -92,6 +93,31 @@ TEST(SegmentOrderTest, IterationThenPriorityThenKeyDominate) {
   old_pull.direction = Direction::kPull;
   EXPECT_TRUE(SegmentBefore(old_pull, urgent));
   EXPECT_FALSE(SegmentBefore(urgent, old_pull));
+}
+
+// A slicing policy's rounds: slice j of every partition of a tensor before slice j + 1 of any,
+// but never ahead of a more urgent tensor or an older iteration.
+TEST(SegmentOrderTest, RoundOrdersSlicesWithinOnePriorityBeforeTheKey) {
+  Segment first_slice_of_last_partition;
+  first_slice_of_last_partition.priority = 4;
+  first_slice_of_last_partition.key = MakeKey(7, 3);
+  first_slice_of_last_partition.round = 0;
+  Segment second_slice_of_first_partition = first_slice_of_last_partition;
+  second_slice_of_first_partition.key = MakeKey(7, 0);
+  second_slice_of_first_partition.round = 1;
+  EXPECT_TRUE(SegmentBefore(first_slice_of_last_partition, second_slice_of_first_partition));
+  Segment more_urgent_late_round = second_slice_of_first_partition;
+  more_urgent_late_round.priority = 3;
+  more_urgent_late_round.round = 9;
+  EXPECT_TRUE(SegmentBefore(more_urgent_late_round, first_slice_of_last_partition));
+  // The heap orders by the same rule.
+  ReadyQueue q;
+  q.Push(second_slice_of_first_partition);
+  q.Push(first_slice_of_last_partition);
+  q.Push(more_urgent_late_round);
+  EXPECT_EQ(q.Pop().round, 9u);
+  EXPECT_EQ(q.Pop().key, MakeKey(7, 3));
+  EXPECT_EQ(q.Pop().key, MakeKey(7, 0));
 }
 
 TEST(ReadyQueueTest, PopsInSortedOrderWhateverThePushOrder) {
