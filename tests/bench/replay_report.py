@@ -27,10 +27,19 @@ COLUMNS = [
     "p10_ms", "p90_ms", "stall_ms", "client_ms", "compute_ms", "rho", "link_mb", "sim_link_mb",
     "link_util_pct", "sendq_kb", "sendq_ms", "recvq_kb", "retrans", "rto", "drops",
     "daemon_cpu_pct", "daemon_wait_pct", "host_busy_pct", "host_kernel_pct", "loadavg",
+    # --time-scale K: the times above are as measured (K times the unscaled run's, roughly);
+    # these are the same divided by K, and the bandwidth the run stands for (bandwidth_gbit x K)
+    "iteration_ms_unscaled", "sim_iteration_ms_unscaled", "ideal_ms_unscaled",
+    "p10_ms_unscaled", "p90_ms_unscaled", "stall_ms_unscaled", "client_ms_unscaled",
+    "compute_ms_unscaled", "bandwidth_unscaled_gbit",
     # the setting
-    "bandwidth_gbit", "bandwidth", "tbf_burst_ms", "workers", "model", "transport", "network",
+    "bandwidth_gbit", "bandwidth", "time_scale", "sim_overhead_us", "sim_latency_us",
+    "tbf_burst_ms", "workers", "model", "transport", "network",
     "nice", "iterations", "warmup", "status",
 ]
+# Measured (or simulated) times and their *_unscaled column: the time divided by time_scale.
+UNSCALED = ["iteration_ms", "sim_iteration_ms", "ideal_ms", "p10_ms", "p90_ms", "stall_ms",
+            "client_ms", "compute_ms"]
 
 
 def read_counters(path):
@@ -203,10 +212,15 @@ def main():
     ap.add_argument("--clk-tck", type=int, default=100)
     ap.add_argument("--tbf-burst-ms", default="4")
     ap.add_argument("--nice", default="")
+    ap.add_argument("--time-scale", default="1",
+                    help="run-replay --time-scale K: compute was x K and bandwidth / K")
+    ap.add_argument("--sim-overhead-us", default="", help="theta passed to gradlane-sim")
+    ap.add_argument("--sim-latency-us", default="", help="latency passed to gradlane-sim")
     ap.add_argument("--csv", required=True)
     ap.add_argument("--per-iteration", help="also write bandwidth,policy,iteration,time_ms,warmup")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
+    tscale = float(a.time_scale)
 
     runs = []
     with open(a.manifest) as f:
@@ -228,6 +242,9 @@ def main():
             "iterations": a.iterations, "warmup": a.warmup, "bandwidth": label,
             "bandwidth_gbit": bps / 1e9 if bps > 0 else None,
             "tbf_burst_ms": a.tbf_burst_ms if shaped else None, "nice": a.nice,
+            "time_scale": "%g" % tscale, "sim_overhead_us": a.sim_overhead_us,
+            "sim_latency_us": a.sim_latency_us,
+            "bandwidth_unscaled_gbit": bps * tscale / 1e9 if bps > 0 else None,
             "sim_link_mb": float(any_row["max_link_mb"]), "status": "ok",
         })
         wire_path = os.path.join(a.work, "wire.%d" % j)
@@ -262,6 +279,9 @@ def main():
                 row["ratio_to_ideal"] = row["iteration_ms"] / row["ideal_ms"]
             if row["sim_iteration_ms"]:
                 row["vs_sim"] = row["iteration_ms"] / row["sim_iteration_ms"]
+        for c in UNSCALED:
+            if row[c] is not None:
+                row[c + "_unscaled"] = row[c] / tscale
         row["_j"] = j
         out_rows.append(row)
 
@@ -274,7 +294,7 @@ def main():
     digits = {"sendq_kb": 0, "recvq_kb": 0, "sendq_ms": 1, "wire_gbit": 2, "host_busy_pct": 1,
               "host_kernel_pct": 1, "loadavg": 2, "retrans": 0, "rto": 0, "drops": 0,
               "workers": 0, "iterations": 0, "warmup": 0, "link_util_pct": 1,
-              "daemon_cpu_pct": 1, "daemon_wait_pct": 1, "rho": 3}
+              "daemon_cpu_pct": 1, "daemon_wait_pct": 1, "rho": 3, "bandwidth_unscaled_gbit": 3}
     with open(a.csv, "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(COLUMNS)
@@ -295,6 +315,7 @@ def main():
         table_cols = [("policy", "policy", None), ("iteration_ms", "iter_ms", 1),
                       ("speedup_vs_fifo", "vs_fifo", 3), ("ratio_to_ideal", "/ideal", 3),
                       ("sim_iteration_ms", "sim_ms", 1), ("vs_sim", "/sim", 3),
+                      ] + ([("iteration_ms_unscaled", "iter/K", 1)] if tscale != 1 else []) + [
                       ("sim_at_wire_ms", "sim@wire", 1),
                       ("p10_ms", "p10", 1), ("p90_ms", "p90", 1), ("stall_ms", "stall", 1),
                       ("client_ms", "client", 1), ("link_mb", "link_MB", 1),
@@ -313,11 +334,21 @@ def main():
                 r0["model"], a.workers, bw, a.transport, a.warmup, a.iterations, r0["compute_ms"],
                 (", rho %.3f, simulated busiest link %.1f MB/iteration" % (r0["rho"], r0["sim_link_mb"]))
                 if r0["rho"] else ""))
+            if tscale != 1:
+                print("time scale %s: compute x %s and bandwidth / %s (the run stands for %s, compute"
+                      " %.1f ms); times as measured, iter/K divided by %s; theta %s us and latency %s us"
+                      " not scaled" % (a.time_scale, a.time_scale, a.time_scale,
+                                       ("%g Gbit/s" % r0["bandwidth_unscaled_gbit"])
+                                       if r0["bandwidth_unscaled_gbit"] else "unshaped",
+                                       r0["compute_ms_unscaled"], a.time_scale,
+                                       a.sim_overhead_us or "?", a.sim_latency_us or "?"))
             cells = [[h for _, h, _ in table_cols]]
             for r in rows:
                 cells.append([r[c] if d is None else fmt(r[c], d) for c, _, d in table_cols])
             if r0["ideal_ms"]:
-                cells.append(["ideal (sim)", fmt(r0["ideal_ms"], 1)] + [""] * (len(table_cols) - 2))
+                cells.append([{"policy": "ideal (sim)", "iteration_ms": fmt(r0["ideal_ms"], 1),
+                               "iteration_ms_unscaled": fmt(r0["ideal_ms_unscaled"], 1)}.get(c, "")
+                              for c, _, _ in table_cols])
             widths = [max(len(str(c[i])) for c in cells) for i in range(len(table_cols))]
             for c in cells:
                 print("  ".join(str(x).ljust(widths[0]) if i == 0 else str(x).rjust(widths[i])
@@ -338,7 +369,9 @@ def main():
               " arrived but not yet read by the daemon (mean per host); rto: TCP retransmission timeouts; cpu%: per daemon, of one core;"
               " wait%: per daemon, time its threads were runnable but waiting for a CPU;"
               " host%/kern%: the machine's CPU busy / in the kernel, all cores; load: 1-min"
-              " load average at the end)")
+              " load average at the end" +
+              ("; iter/K: iter_ms divided by the time scale; every other time as measured"
+               if tscale != 1 else "") + ")")
     # 3: the report is written but some run has no figures (run-replay then exits 1).
     return 0 if all(r["status"] == "ok" for r in out_rows) else 3
 
