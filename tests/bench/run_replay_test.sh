@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/bench/run_replay_test.sh BUILD_DIR — the replay harness (tests/bench/run-replay) on the
-# 4-layer tiny profile: W = 2, fifo and bytescheduler, 1 + 3 iterations at 1 Gbit/s (~15 s).
+# 4-layer tiny profile: W = 2, fifo and bytescheduler, 1 + 3 iterations at 1 Gbit/s, then fifo
+# once more at --time-scale 2 (1 + 1 iterations; 5-20 s in all).
 # Checks behaviour, never speed: the contract's columns, one row per policy, figures that
 # follow from the run (fifo's speed-up is 1, the simulator columns are gradlane-sim's own, the
 # busiest port carried the profile's bytes, tbf held iperf3 to the rate), clear errors with
@@ -31,6 +32,9 @@ expect_error "bad bandwidth 'rho=-1'" --profile "$tiny" --bandwidth rho=-1 --csv
 expect_error "unknown policy 'lifo'" --profile "$tiny" --bandwidth 1gbit --policies fifo,lifo --csv "$tmp/x.csv"
 expect_error "--transport must be tcp or dpdk" --profile "$tiny" --bandwidth 1gbit --transport rdma --csv "$tmp/x.csv"
 expect_error "--csv OUT is required" --profile "$tiny" --bandwidth 1gbit
+expect_error "--time-scale must be a number > 0 \(got '0'\)" --profile "$tiny" --bandwidth 1gbit --time-scale 0 --csv "$tmp/x.csv"
+expect_error "--time-scale must be a number > 0 \(got 'abc'\)" --profile "$tiny" --bandwidth 1gbit --time-scale abc --csv "$tmp/x.csv"
+expect_error "--time-scale must be a number > 0 \(got '-2'\)" --profile "$tiny" --bandwidth 1gbit --time-scale -2 --csv "$tmp/x.csv"
 echo '{"model": "broken", "layers": [ {"name": "a"' >"$tmp/broken.json"
 expect_error "gradlane-sim .*broken.json" --profile "$tmp/broken.json" --bandwidth 1gbit --csv "$tmp/x.csv"
 [[ ! -e $tmp/x.csv ]] || fail "a failed run wrote its CSV"
@@ -82,12 +86,57 @@ for r in rows:
     check(r["network"] == "netns" and r["workers"] == "2" and r["model"] == "tiny", "%s: labels" % p)
     # tbf holds iperf3 to the rate (the calibration ran through the same shaping).
     check(0.3 < float(r["wire_gbit"]) <= 1.05, "%s: wire_gbit %s at tbf 1gbit" % (p, r["wire_gbit"]))
+    # Not scaled: the *_unscaled columns are the times themselves.
+    check(r["time_scale"] == "1" and r["iteration_ms_unscaled"] == r["iteration_ms"],
+          "%s: time_scale %s, iteration_ms_unscaled %s" % (p, r["time_scale"], r["iteration_ms_unscaled"]))
 fifo = float(rows[0]["iteration_ms"])
 check(rows[0]["speedup_vs_fifo"] == "1.000", "fifo's speed-up %s" % rows[0]["speedup_vs_fifo"])
 check(abs(float(rows[1]["speedup_vs_fifo"]) - fifo / float(rows[1]["iteration_ms"])) < 2e-3, "speed-up")
 check(len(it) == 2 * 4 and sum(1 for r in it if r["warmup"] == "1") == 2, "per-iteration rows: %d" % len(it))
 mean = sum(float(r["time_ms"]) for r in it if r["policy"] == "fifo" and r["warmup"] == "0") / 3
 check(abs(mean - fifo) < 0.01, "per-iteration mean %.3f != iteration_ms %.3f" % (mean, fifo))
+for e in errors:
+    print("FAIL:", e, file=sys.stderr)
+sys.exit(1 if errors else 0)
+PY
+
+# ---- --time-scale 2: compute x 2, tbf at half the rate, the same rho and bytes
+rc=0
+"$rr" --build "$bdir" --profile "$tiny" --bandwidth 1gbit --workers 2 --policies fifo \
+  --iterations 1 --warmup 1 --no-calibrate --need-netns --time-scale 2 --csv "$tmp/ts.csv" \
+  --per-iteration "$tmp/ts-iter.csv" >"$tmp/ts.out" 2>&1 || rc=$?
+((rc == 0)) || { cat "$tmp/ts.out" >&2; fail "run-replay --time-scale 2 exited $rc"; }
+grep -q "time scale 2: compute x 2 and bandwidth / 2" "$tmp/ts.out" || { cat "$tmp/ts.out" >&2; fail "the table does not say the time scale"; }
+python3 - "$tmp/ts.csv" "$tmp/sim.csv" "$tmp/ts-iter.csv" <<'PY' || fail "CSV check (--time-scale 2)"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+sim = {r["policy"]: r for r in csv.DictReader(open(sys.argv[2]))}  # unscaled, 1 Gbit/s
+it = list(csv.DictReader(open(sys.argv[3])))
+errors = []
+def check(cond, what):
+    if not cond:
+        errors.append(what)
+def near(a, b, rel):
+    return abs(float(a) - float(b)) <= rel * abs(float(b))
+check(len(rows) == 1 and rows[0]["status"] == "ok", "rows %s" % rows)
+r = rows[0] if rows else {}
+check(r.get("time_scale") == "2", "time_scale %s" % r.get("time_scale"))
+check(near(r["bandwidth_gbit"], 0.5, 1e-9) and near(r["bandwidth_unscaled_gbit"], 1.0, 1e-9),
+      "bandwidth_gbit %s, unscaled %s" % (r["bandwidth_gbit"], r["bandwidth_unscaled_gbit"]))
+check(r["bandwidth"] == "1gbit/2", "bandwidth label %s" % r["bandwidth"])
+# The same rho and bytes; compute twice the profile's, the _unscaled column the profile's.
+check(r["rho"] == "%.3f" % float(sim["fifo"]["rho"]), "rho %s, unscaled %s" % (r["rho"], sim["fifo"]["rho"]))
+check(near(r["compute_ms"], 2 * float(sim["fifo"]["compute_ms"]), 1e-3), "compute_ms %s" % r["compute_ms"])
+check(near(r["compute_ms_unscaled"], sim["fifo"]["compute_ms"], 1e-3), "compute_ms_unscaled %s" % r["compute_ms_unscaled"])
+check(9.9 <= float(r["link_mb"]) <= 12.0, "link_mb %s, expected ~10" % r["link_mb"])
+# The simulator saw the scaled run: twice the unscaled times, but for theta and latency (8
+# messages of 50 us, 25 us latency: well under 3% of a 100 ms iteration).
+for c, s in (("sim_iteration_ms", "fifo"), ("ideal_ms", "ideal")):
+    check(near(r[c], 2 * float(sim[s]["iteration_ms"]), 0.03), "%s %s vs 2 x %s" % (c, r[c], sim[s]["iteration_ms"]))
+    check(near(r[c + "_unscaled"], float(r[c]) / 2, 1e-3), "%s_unscaled %s" % (c, r[c + "_unscaled"]))
+check(near(r["iteration_ms_unscaled"], float(r["iteration_ms"]) / 2, 1e-3), "iteration_ms_unscaled")
+check(r["sim_overhead_us"] != "" and r["sim_latency_us"] != "", "theta/latency columns empty")
+check(len(it) == 2 and all(x["bandwidth"] == "1gbit/2" for x in it), "per-iteration rows %s" % it)
 for e in errors:
     print("FAIL:", e, file=sys.stderr)
 sys.exit(1 if errors else 0)
