@@ -148,8 +148,7 @@ bool GradlanePolicy::NextDispatch(TimeNs /*now*/, Dispatch& out) {
   if (queue_.empty()) return false;
   // Admission as CreditWindow: anything when nothing is in flight, else what fits. The head's
   // own charge is the least a block can cost.
-  const uint64_t head_charge = GradlaneChargeBytes(queue_.Top().length, bandwidth_, overhead_);
-  if (in_use_ != 0 && (head_charge > capacity_ || in_use_ > capacity_ - head_charge)) return false;
+  if (!WindowAdmitsBlock()) return false;
   uint64_t room = message_bytes_;
   if (in_use_ != 0) {
     const uint64_t free_charge = capacity_ - in_use_;
@@ -193,10 +192,20 @@ void GradlanePolicy::OnAcked(uint64_t bytes, TimeNs /*now*/) {
 
 }
 
+bool GradlanePolicy::WindowAdmitsBlock() const {
+  if (in_use_ == 0) return true;
+  // The least this dispatch should carry: a whole message when that much is queued. Sending
+  // what happens to fit instead would cut a backlog of small tensors into pieces the size of
+  // each ack's refund, every one paying θ (shufflenet_v2 at 10 Gbit/s, W = 3, ρ = 1: 1.64x the
+  // bound that way, 1.35x waiting for a whole message's room).
+  const uint64_t want =
+      std::max(queue_.Top().length, std::min(message_bytes_, queue_.queued_bytes()));
+  const uint64_t charge = GradlaneChargeBytes(want, bandwidth_, overhead_);
+  return charge <= capacity_ && in_use_ <= capacity_ - charge;
+}
+
 TimeNs GradlanePolicy::NextWakeup(TimeNs now) const {
-  if (queue_.empty()) return kNever;
-  const uint64_t head_charge = GradlaneChargeBytes(queue_.Top().length, bandwidth_, overhead_);
-  if (in_use_ != 0 && (head_charge > capacity_ || in_use_ > capacity_ - head_charge)) return kNever;
+  if (queue_.empty() || !WindowAdmitsBlock()) return kNever;
   return now;
 }
 

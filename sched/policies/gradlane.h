@@ -56,6 +56,10 @@
 //   (1.08x instead of 1.05x). The price: after a route change to a longer path the window is
 //   short by B·(new RTT − old), which the 2(P + 1) messages absorb while that is less than
 //   2(P + 1)·τ; the daemon builds a new policy per job.
+//   Admission (WindowAdmitsBlock): a dispatch waits until the window has room for a whole
+//   message, min(δ, queued bytes), not merely for the head segment: otherwise every ack's
+//   refund is spent at once on a block of that size, and a backlog of small tensors goes as
+//   many small messages, each paying θ.
 // Rule 5, adaptation. Every OnLinkEstimate and every completed iteration re-derives δ and the
 //   window: a bandwidth change reshapes both within one estimate. The BO tuner (bo_tuner.h) is
 //   not used as an outer loop: the rules are closed-form in measured quantities, and a search
@@ -135,6 +139,9 @@ class GradlanePolicy final : public Policy {
 
   // Re-derives δ and the window from the current estimates (rules 1 and 4).
   void Resize();
+  // Rule 4's admission: nothing in flight, or room for the head's block at its full size
+  // (min(δ, queued bytes), at least the head segment).
+  bool WindowAdmitsBlock() const;
   void CountBytes(const ReadyRange& range);
 
   uint64_t key_partition_bytes_;

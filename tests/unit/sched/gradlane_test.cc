@@ -150,6 +150,47 @@ TEST(GradlanePolicyTest, SmallTensorsQueuedBehindAFullWindowGoAsOneMessage) {
   for (size_t k = 0; k < 100; ++k) EXPECT_EQ(d.segments[k].priority, static_cast<Priority>(k));
 }
 
+// Rule 4's admission: with a backlog of small tensors and room in the window for only part of
+// a message, the policy waits for the room of a whole one rather than sending what fits (each
+// such fragment would pay θ).
+TEST(GradlanePolicyTest, ABacklogWaitsForRoomForAWholeMessage) {
+  auto probe = Make(375e6);
+  probe->OnReady(Range(1000, 1000, 1, 64ull << 20), 0);
+  const uint64_t delta = probe->message_bytes();
+  const uint64_t charge = GradlaneChargeBytes(delta, 375e6, kTheta);
+  ASSERT_LT(delta, 800'000u) << "the backlog below must exceed one message";
+  // A window of three and a half messages: three slices fit, half a message stays free.
+  PolicyConfig c;
+  c.name = "gradlane";
+  c.initial_bandwidth_bytes_per_s = 375e6;
+  c.per_message_overhead_ns = kTheta;
+  c.credit_bytes = 3 * charge + charge / 2;
+  auto p = GradlanePolicy::Create(c);
+  p->OnReady(Range(1000, 1000, 1, 64ull << 20), 0);
+  ASSERT_EQ(p->message_bytes(), delta);
+  Dispatch d;
+  int sent = 0;
+  while (p->NextDispatch(0, d)) {
+    ASSERT_EQ(d.bytes, delta);
+    ++sent;
+  }
+  ASSERT_EQ(sent, 3);
+  // 200 small gradients (4 kB, 800 kB in all), more urgent; half a message of room is free,
+  // enough for several of them, not for a whole message.
+  for (uint32_t i = 0; i < 200; ++i) p->OnReady(Range(i, static_cast<Priority>(i), 1, 4096), 0);
+  ASSERT_GE(p->credit_capacity() - p->charged_in_use(), GradlaneChargeBytes(4 * 4096, 375e6, kTheta));
+  EXPECT_FALSE(p->NextDispatch(0, d));
+  EXPECT_EQ(p->NextWakeup(0), kNever) << "only an ack can make room";
+  // One slice acknowledged: a whole message of small gradients goes, in priority order.
+  p->OnAcked(delta, kMillisecond);
+  ASSERT_TRUE(p->NextDispatch(kMillisecond, d));
+  EXPECT_EQ(d.bytes, delta - delta % 4096);
+  EXPECT_EQ(d.segments.front().priority, 0);
+  for (size_t k = 1; k < d.segments.size(); ++k) {
+    EXPECT_EQ(d.segments[k].priority, d.segments[k - 1].priority + 1);
+  }
+}
+
 // Every host follows the same priority order: with a tensor's slices sent partition by
 // partition, all W - 1 workers would push to the same shard owner at once. Slice j of every
 // partition goes before slice j + 1 of any (rule 2), for pushes to the owners and for a shard's
