@@ -54,8 +54,10 @@ struct PolicyConfig {
   // reports; bytes per second.
   double initial_bandwidth_bytes_per_s = 1.25e9;
   // Per-message cost θ on the sender's link (framing, syscall, ack handling), for policies that
-  // size messages by it (gradlane). The simulator passes its own θ.
-  TimeNs per_message_overhead_ns = 50 * kMicrosecond;
+  // size messages by it (gradlane). The simulator passes its own θ; the daemon keeps this
+  // default: gradlaned's own θ over TCP, 2.4–3.8 µs in three runs of tests/bench/theta.sh
+  // (docs/benchmarks.md, "Per-message cost θ"), the same as gradlane-sim's --overhead_us.
+  TimeNs per_message_overhead_ns = 3 * kMicrosecond;
 };
 
 class Policy {

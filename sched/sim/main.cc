@@ -43,7 +43,8 @@ ABSL_FLAG(int, workers, 3, "number of hosts W (each a worker and a PS shard)");
 ABSL_FLAG(std::string, policy, "all",
           "'all' or a comma-separated list of policies (fifo, p3, bytescheduler, prophet, gradlane)");
 ABSL_FLAG(std::string, format, "csv", "csv (for tools) or table (for people)");
-ABSL_FLAG(double, overhead_us, 50, "per-message overhead θ on the sender's link, µs");
+// Default: SimConfig::overhead_ns (gradlaned's θ over TCP, measured by tests/bench/theta.sh).
+ABSL_FLAG(double, overhead_us, 3, "per-message overhead θ on the sender's link, µs");
 ABSL_FLAG(double, latency_us, 25, "one-way latency, µs");
 ABSL_FLAG(double, aggregation_gbytes_per_s, 50,
           "shard summing rate over input bytes, GB/s; 0 = instantaneous");

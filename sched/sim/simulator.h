@@ -89,9 +89,11 @@ struct SimConfig {
   // Per direction, per host.
   double bandwidth_bits_per_s = 10e9;
   // θ: the time the sender's link is busy per message besides the bytes (RPC framing, ack
-  // handling, syscall): ByteScheduler measured ≈300 µs in its testbed; a tuned daemon is nearer
-  // 50 µs, our default.
-  TimeNs overhead_ns = 50 * kMicrosecond;
+  // handling, syscall). ByteScheduler measured ≈300 µs in its testbed; gradlaned's, measured by
+  // tests/bench/theta.sh (docs/benchmarks.md, "Per-message cost θ"), is 2.4–3.8 µs over TCP
+  // when the daemons' CPU is the bottleneck (≈0 when the link is): 3 µs, the mean of three runs.
+  // Was 50 µs before that measurement.
+  TimeNs overhead_ns = 3 * kMicrosecond;
   // One-way latency (propagation + switch), applied to every message and every ack.
   TimeNs latency_ns = 25 * kMicrosecond;
   // Summing rate of a shard over input bytes (W·m per m-byte range); 0 = instantaneous.
