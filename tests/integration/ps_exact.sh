@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # ps_exact: 3 hosts (network namespaces; loopback if none), one daemon each; for every policy
-# (fifo, p3, bytescheduler, prophet) a job of 3 gradlane-check ranks runs 50 iterations of
+# (fifo, p3, bytescheduler, prophet, gradlane) a job of 3 gradlane-check ranks runs 50 iterations of
 # tensors of every dtype with awkward sizes, posted whole and in byte ranges, and every result
 # must equal, bit for bit, the rank-ordered f32 sum (f16/bf16 rounded once). Then the same with
 # daemons started with --reduce=mean (5 iterations).
 #   ps_exact.sh GRADLANED GRADLANE-CHECK
 #   env: IT_ITERATIONS (50), IT_BIG_MB (0: off; else one more tensor of that many MiB + 1
-#        element per dtype), IT_POLICIES ("fifo p3 bytescheduler prophet")
+#        element per dtype), IT_POLICIES ("fifo p3 bytescheduler prophet gradlane")
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/netns.sh"
@@ -22,7 +22,7 @@ fi
 gl_env_init 3
 for i in 0 1 2; do gl_daemon_start "$i" --reduce=sum --peer_timeout=10s "${dflags[@]}"; done
 seed=100
-for policy in ${IT_POLICIES:-fifo p3 bytescheduler prophet}; do
+for policy in ${IT_POLICIES:-fifo p3 bytescheduler prophet gradlane}; do
   seed=$((seed + 1))
   t0=$SECONDS
   # fifo sends whole tensors and p3 cuts at 50,000 elements: the 4 MiB-boundary tensors of the

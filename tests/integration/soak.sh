@@ -79,7 +79,7 @@ if [[ $PHASE == dpdk ]]; then
   GL_DPDK_FLAGS="--dpdk_drop_probability=0.01 --dpdk_reorder_probability=0.02"
 fi
 gl_env_init 3
-POLICIES=(fifo p3 bytescheduler prophet)
+POLICIES=(fifo p3 bytescheduler prophet gradlane)
 SIZES="--sizes=1,1023,50001,300001"
 say() { echo "[soak $PHASE +$(( (NOW_MS - T0_MS) / 1000 ))s] $*"; }
 now_ms() { local t=${EPOCHREALTIME/./}; NOW_MS=$((10#$t / 1000)); }
@@ -115,7 +115,7 @@ TAINT_ID=""
 
 job_start() {
   NJOBS=$((NJOBS + 1))
-  local name="soak-$PHASE-$NJOBS" pol=${POLICIES[RANDOM % 4]} iters
+  local name="soak-$PHASE-$NJOBS" pol=${POLICIES[RANDOM % ${#POLICIES[@]}]} iters
   iters=$(rand 2 6)
   it_job_start "$name" "$pol" "$iters" "$RANDOM" -- --quiet "$SIZES"
   J_START[$name]=$NOW_MS J_POLICY[$name]=$pol J_TOUCH[$name]="" J_SEEN[$name]="" J_PROG[$name]=$NOW_MS
@@ -338,7 +338,7 @@ say "$GL_MODE, transport ${GL_TRANSPORT:-tcp}${GL_DPDK_FLAGS:+ ($GL_DPDK_FLAGS)}
 # size), then the daemons' fds and memory once they have settled.
 for round in 1 2; do
   for k in 0 1 2; do
-    it_job_start "soak-$PHASE-warm$round$k" "${POLICIES[(round + k) % 4]}" 3 "$round$k" -- --quiet "$SIZES"
+    it_job_start "soak-$PHASE-warm$round$k" "${POLICIES[(3 * (round - 1) + k) % ${#POLICIES[@]}]}" 3 "$round$k" -- --quiet "$SIZES"
   done
   for k in 0 1 2; do
     it_job_wait "soak-$PHASE-warm$round$k" "$SOAK_HANG_S" || it_fail "a quiet warm-up job failed (above)"
