@@ -31,12 +31,13 @@ uint64_t GradlaneChargeBytes(uint64_t bytes, double bytes_per_s, TimeNs per_mess
 }
 
 uint64_t GradlaneCreditBytes(double bytes_per_s, TimeNs rtt_min, uint64_t message_bytes,
-                             TimeNs per_message_ns, uint32_t peers) {
+                             TimeNs per_message_ns, uint32_t peers, uint64_t run_bytes) {
   const uint64_t bdp =
       static_cast<uint64_t>(bytes_per_s * static_cast<double>(std::max<TimeNs>(rtt_min, 0)) /
                             kSecond);
-  return bdp + 2 * (1 + static_cast<uint64_t>(std::max<uint32_t>(peers, 1))) *
-                   GradlaneChargeBytes(message_bytes, bytes_per_s, per_message_ns);
+  const uint64_t p = std::max<uint32_t>(peers, 1);
+  return bdp + 2 * (1 + p) * GradlaneChargeBytes(message_bytes, bytes_per_s, per_message_ns) +
+         run_bytes / p * (p - 1);
 }
 
 uint64_t GradlaneTakeBlock(ReadyQueue& queue, uint64_t block_bytes,
@@ -93,7 +94,8 @@ void GradlanePolicy::Resize() {
   const TimeNs rtt = rtt_min_ == kNever ? 0 : rtt_min_;
   capacity_ = fixed_credit_bytes_ != 0
                   ? fixed_credit_bytes_
-                  : GradlaneCreditBytes(bandwidth_, rtt, message_bytes_, overhead_, peers_);
+                  : GradlaneCreditBytes(bandwidth_, rtt, message_bytes_, overhead_, peers_,
+                                        key_partition_bytes_);
 }
 
 void GradlanePolicy::RegisterTensor(const TensorSpec& /*tensor*/) {}

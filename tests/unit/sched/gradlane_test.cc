@@ -73,16 +73,28 @@ TEST(GradlaneRulesTest, WindowIsBandwidthDelayProductPlusTwoChargedMessagesPerPe
   const uint64_t msg = 500'000;
   const uint64_t theta_bytes = static_cast<uint64_t>(b * 50e-6);
   EXPECT_EQ(GradlaneChargeBytes(msg, b, kTheta), msg + theta_bytes);
-  EXPECT_EQ(GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 2),
+  EXPECT_EQ(GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 2, 0),
             static_cast<uint64_t>(b * 100e-6) + 6 * (msg + theta_bytes));
   // A longer path: a larger window, by exactly the extra BDP.
-  EXPECT_EQ(GradlaneCreditBytes(b, 1100 * kMicrosecond, msg, kTheta, 2) -
-                GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 2),
+  EXPECT_EQ(GradlaneCreditBytes(b, 1100 * kMicrosecond, msg, kTheta, 2, 0) -
+                GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 2, 0),
             375'000u);
   // Each further peer sharing the receivers: two more messages.
-  EXPECT_EQ(GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 7) -
-                GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 2),
+  EXPECT_EQ(GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 7, 0) -
+                GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 2, 0),
             10 * (msg + theta_bytes));
+  // A run of 4 MiB to one receiver that P senders share drains at B/P: once this host has sent
+  // it, (P - 1)/P of it is still queued there, and the window must hold that besides the
+  // messages that keep the other receivers busy. One peer: no other sender, no term.
+  constexpr uint64_t kRun = 4ull << 20;
+  EXPECT_EQ(GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 7, kRun) -
+                GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 7, 0),
+            kRun / 7 * 6);
+  EXPECT_EQ(GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 2, kRun) -
+                GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 2, 0),
+            kRun / 2);
+  EXPECT_EQ(GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 1, kRun),
+            GradlaneCreditBytes(b, 100 * kMicrosecond, msg, kTheta, 1, 0));
 }
 
 TEST(GradlaneRulesTest, FusionTakesEachPeersPrefixInPriorityOrder) {
@@ -239,9 +251,10 @@ TEST(GradlanePolicyTest, TheRttFloorIgnoresSwingsOfTheEstimate) {
     EXPECT_EQ(p->rtt_min(), 100 * kMicrosecond);
     EXPECT_EQ(p->credit_capacity(),
               GradlaneCreditBytes(p->bandwidth_bytes_per_s(), 100 * kMicrosecond,
-                                  p->message_bytes(), kTheta, p->peers()));
+                                  p->message_bytes(), kTheta, p->peers(),
+                                  kGradlaneDefaultKeyPartitionBytes));
   }
-  // A window of 2(P + 1) messages and one BDP, not the smoothed RTT's worth of bytes.
+  // A window of 2(P + 1) messages, one BDP and the run term, not the smoothed RTT's worth.
   EXPECT_LT(p->credit_capacity(), 125e6 * 0.060);
 }
 
@@ -256,7 +269,8 @@ TEST(GradlanePolicyTest, WindowAndMessageFollowTheEstimate) {
   // N is re-derived only when it moved by more than 1/8 (δ ∝ sqrt(N): within 6%).
   EXPECT_NEAR(static_cast<double>(msg_fast), 1.25e9 * std::sqrt(n_fast * 50e-6 / 4),
               0.07 * static_cast<double>(msg_fast));
-  EXPECT_EQ(window_fast, GradlaneCreditBytes(1.25e9, 100 * kMicrosecond, msg_fast, kTheta, 1));
+  EXPECT_EQ(window_fast, GradlaneCreditBytes(1.25e9, 100 * kMicrosecond, msg_fast, kTheta, 1,
+                                             kGradlaneDefaultKeyPartitionBytes));
   // A smaller RTT is taken (a floor), a larger smoothed one is not (it includes our own queue).
   p->OnLinkEstimate(1.25e9, 5 * kMillisecond);
   EXPECT_EQ(p->rtt_min(), 100 * kMicrosecond);
@@ -292,7 +306,8 @@ TEST(GradlanePolicyTest, AdaptsWhenTheBandwidthDropsMidRun) {
               static_cast<double>(msg_before) / std::sqrt(10.0), 0.05 * msg_before);
   EXPECT_EQ(p->rtt_min(), 100 * kMicrosecond);
   EXPECT_EQ(p->credit_capacity(),
-            GradlaneCreditBytes(125e6, 100 * kMicrosecond, p->message_bytes(), kTheta, 2));
+            GradlaneCreditBytes(125e6, 100 * kMicrosecond, p->message_bytes(), kTheta, 2,
+                                kGradlaneDefaultKeyPartitionBytes));
   EXPECT_LT(p->credit_capacity(), window_before);
   // And back up: the window and the message grow again.
   p->OnLinkEstimate(1.25e9, 100 * kMicrosecond);
