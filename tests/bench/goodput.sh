@@ -29,11 +29,7 @@ rates=(${GOODPUT_RATES:-unshaped 5gbit})
 isecs=${GOODPUT_IPERF_SECONDS:-4}
 source "$root/tests/integration/netns.sh"
 source "$root/tests/bench/goodput_lib.sh"
-GL_DAEMON=$bdir/daemon/gradlaned
-replay=$bdir/tests/bench/gradlane-replay
-for x in "$GL_DAEMON" "$replay"; do
-  [[ -x $x ]] || { echo "SKIP: $x not built" >&2; exit 77; }
-done
+goodput_binaries "$bdir"
 command -v iperf3 >/dev/null || { echo "SKIP: iperf3 not installed" >&2; exit 77; }
 command -v python3 >/dev/null || { echo "SKIP: python3 needed to read iperf3's JSON" >&2; exit 77; }
 

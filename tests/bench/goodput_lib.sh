@@ -13,6 +13,18 @@
 # also connects the peers, exchanges manifests and first touches every buffer (30% slower), so
 # both are warm-up.
 
+# goodput_binaries BUILD_DIR [EXTRA...] : sets GL_DAEMON and replay from the build dir; exits 77
+# (skip) naming the first of them, or of the extra programs, that is not built.
+goodput_binaries() {
+  local bdir=$1 x
+  shift
+  GL_DAEMON=$bdir/daemon/gradlaned
+  replay=$bdir/tests/bench/gradlane-replay
+  for x in "$GL_DAEMON" "$replay" "$@"; do
+    [[ -x $x ]] || { echo "SKIP: $x not built" >&2; exit 77; }
+  done
+}
+
 # goodput_profile WHO : writes the one-tensor profile to $GL_TMP/one-tensor.json.
 goodput_profile() {
   cat >"$GL_TMP/one-tensor.json" <<JSON

@@ -72,11 +72,7 @@ fi
 
 source "$root/tests/integration/netns.sh"
 source "$root/tests/bench/goodput_lib.sh"
-GL_DAEMON=$bdir/daemon/gradlaned
-replay=$bdir/tests/bench/gradlane-replay
-for x in "$GL_DAEMON" "$replay"; do
-  [[ -x $x ]] || { echo "SKIP: $x not built" >&2; exit 77; }
-done
+goodput_binaries "$bdir"
 command -v python3 >/dev/null || { echo "SKIP: python3 needed for the fit" >&2; exit 77; }
 # A build without DPDK has no dpdk_raw (tests/bench/meson.build builds it with the DPDK library).
 has_dpdk=0
