@@ -62,7 +62,6 @@ bool Engine<T>::SendDispatch_st(Job& job, uint32_t d, size_t from, TimeNs now) {
   for (size_t i = from; i < segments.size(); ++i) {
     const sched::Segment& seg = segments[i];
     transport::SendSpec spec;
-    spec.key = seg.key;
     spec.iteration = seg.iteration;
     spec.offset = seg.offset;
     spec.length = seg.length;
@@ -71,10 +70,15 @@ bool Engine<T>::SendDispatch_st(Job& job, uint32_t d, size_t from, TimeNs now) {
     spec.direction = seg.direction;
     const uint32_t tid = sched::KeyTensor(seg.key);
     Part* p = PartAt(job, tid, seg.offset);
-    if (p == nullptr || seg.peer >= job.world || seg.peer == job.rank) {
+    if (p == nullptr || seg.peer >= job.world || seg.peer == job.rank ||
+        seg.offset + seg.length > p->offset + p->length) {
       FailJob_st(job, GL_E_INTERNAL, "policy produced a segment outside the job");
       return false;
     }
+    // The wire key is the engine's part, which the receiver checks against the offset; a
+    // policy's own key may name a coarser partition (fifo: the whole tensor, while the engine
+    // cuts at kMaxEnginePartitionBytes).
+    spec.key = sched::MakeKey(tid, p->index);
     if (seg.direction == sched::Direction::kPush) {
       spec.region = job.arena_region;
       spec.region_offset = job.tensors[tid].arena_offset + seg.offset;
