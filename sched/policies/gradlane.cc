@@ -40,6 +40,11 @@ uint64_t GradlaneCreditBytes(double bytes_per_s, TimeNs rtt_min, uint64_t messag
          run_bytes / p * (p - 1);
 }
 
+uint32_t GradlaneSliceRound(uint32_t partition, uint64_t slice, uint32_t group) {
+  const uint32_t g = std::max<uint32_t>(group, 1);
+  return ((partition / g) << 16) | static_cast<uint32_t>(std::min<uint64_t>(slice, 0xffff));
+}
+
 uint64_t GradlaneTakeBlock(ReadyQueue& queue, uint64_t block_bytes,
                            std::vector<Segment>& passed_over, std::vector<Segment>& block) {
   passed_over.clear();
@@ -134,10 +139,10 @@ void GradlanePolicy::OnReady(const ReadyRange& range, TimeNs now) {
     Segment s = piece;
     const uint64_t end = piece.offset + piece.length;
     const uint64_t partition_start = piece.offset - piece.offset % plan.partition_bytes();
+    const uint32_t partition = KeyPartition(piece.key);
     while (s.offset < end) {
       s.length = std::min(slice, end - s.offset);
-      s.round = static_cast<uint32_t>(
-          std::min<uint64_t>((s.offset - partition_start) / slice, UINT32_MAX));
+      s.round = GradlaneSliceRound(partition, (s.offset - partition_start) / slice, peers_ + 1);
       queue_.Push(s);
       s.offset += s.length;
     }

@@ -238,6 +238,24 @@ TEST(GradlanePolicyTest, SlicesOfABigTensorGoRoundRobinOverItsOwners) {
   EXPECT_EQ(peers, (std::vector<uint16_t>{1, 2, 3, 1, 2, 3}));
 }
 
+// The daemon reduces and pulls a key partition once all of it has arrived, so round-robin over
+// every partition of a 400 MB tensor would complete none of them before the whole tensor is
+// through. Partitions go in groups of P + 1 (enough owners to spread over): within a group
+// slice by slice, and the group before the next.
+TEST(GradlaneRulesTest, RoundsInterleaveSlicesWithinGroupsOfPartitions) {
+  constexpr uint32_t kGroup = 3;  // P = 2
+  // Within a group: slice j of every partition before slice j + 1 of any.
+  EXPECT_LT(GradlaneSliceRound(2, 0, kGroup), GradlaneSliceRound(0, 1, kGroup));
+  EXPECT_EQ(GradlaneSliceRound(0, 4, kGroup), GradlaneSliceRound(2, 4, kGroup));
+  // The next group only after every slice of this one.
+  EXPECT_LT(GradlaneSliceRound(2, 4000, kGroup), GradlaneSliceRound(3, 0, kGroup));
+  EXPECT_LT(GradlaneSliceRound(5, 9, kGroup), GradlaneSliceRound(6, 0, kGroup));
+  EXPECT_EQ(GradlaneSliceRound(3, 7, kGroup), GradlaneSliceRound(5, 7, kGroup));
+  // The slice index saturates instead of spilling into the group bits.
+  EXPECT_LT(GradlaneSliceRound(0, uint64_t{1} << 40, kGroup), GradlaneSliceRound(3, 0, kGroup));
+  EXPECT_EQ(GradlaneSliceRound(7, 1, 0), GradlaneSliceRound(7, 1, 1)) << "a group of at least 1";
+}
+
 // Under incast the rate estimate swings by 2x and more and the smoothed RTT carries the
 // receivers' queues: neither may move the RTT floor up (the first version restarted it on every
 // 2x swing and sized windows of tens of MB at W = 8).
