@@ -30,7 +30,7 @@
 //   all of a 400 MB tensor's partitions completed none before the whole tensor was through
 //   (vgg16, ρ = 1, W = 3 through real daemons, time scale 16: 1.35x the bound; in groups 1.05x,
 //   bytescheduler 1.04x). The simulator reduces byte ranges as they arrive, where the groups
-//   cost up to 1.5% (vgg16, W = 8). The forward pass needs the whole tensor, so the order
+//   cost up to 1.6% (alexnet; vgg16 1.3%). The forward pass needs the whole tensor, so the order
 //   inside it costs nothing else.
 // Rule 3, fusion (GradlaneTakeBlock). A dispatch is one message: the most urgent queued slice
 //   and, behind it, the next slices *for the same peer in priority order* while the block stays
