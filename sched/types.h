@@ -92,9 +92,10 @@ struct Segment {
   uint64_t length = 0;
   TimeNs ready_at = 0;  // when it entered the scheduler (for queueing-delay metrics)
   // Order among segments of equal (iteration, priority), before the key: a policy that slices
-  // the partitions of one tensor sets it to the slice's index within its partition, so that
-  // slice j of every partition (every shard owner, every pulling peer) goes before slice j + 1
-  // of any. 0 for policies that send partitions whole, which keeps their key order.
+  // the partitions of one tensor derives it from the slice's index within its partition, so
+  // that slice j of several partitions (several shard owners, every pulling peer) goes before
+  // slice j + 1 of any (gradlane: GradlaneSliceRound). 0 for policies that send partitions
+  // whole, which keeps their key order.
   uint32_t round = 0;
 };
 

@@ -153,8 +153,6 @@ bool GradlanePolicy::NextDispatch(TimeNs /*now*/, Dispatch& out) {
   out.segments.clear();
   out.bytes = 0;
   if (queue_.empty()) return false;
-  // Admission as CreditWindow: anything when nothing is in flight, else what fits. The head's
-  // own charge is the least a block can cost.
   if (!WindowAdmitsBlock()) return false;
   uint64_t room = message_bytes_;
   if (in_use_ != 0) {
