@@ -18,8 +18,9 @@
 // Rule 2, slicing. A ready range is cut into the daemon's key partitions (configured δ_key,
 //   default 4 MiB, the same keys as bytescheduler so that the shard map is unchanged) and each
 //   partition piece into slices of at most δ: the slice is the preemption granularity. Slice j
-//   of a partition gets Segment::round j, so within one priority the queue serves slice j of
-//   every partition and every pulling peer before slice j + 1 of any: a big tensor's slices go
+//   of a partition gets round j of its group (Segment::round, below), so within one priority the
+//   queue serves slice j of the group's partitions and of every pulling peer before slice j + 1
+//   of any: a big tensor's slices go
 //   round-robin over the shard owners (pushes) and over the workers (a shard's pull responses)
 //   instead of one owner's partition at a time. Every host follows the same priority order, so
 //   front-to-back slices made all W − 1 senders push to the same owner at once: that owner's
@@ -78,6 +79,9 @@
 //   window: a bandwidth change reshapes both within one estimate. The BO tuner (bo_tuner.h) is
 //   not used as an outer loop: the rules are closed-form in measured quantities, and a search
 //   that spends training iterations on trials cannot follow a change within a run.
+//
+// The figures above are the simulator's at θ = 50 µs (its default before tests/bench/theta.sh
+// measured 3 µs) unless they say otherwise; docs/simulator.md has every row at both.
 //
 // θ is PolicyConfig::per_message_overhead_ns (the daemon's measured per-message cost; the
 // simulator passes its own θ). Its absence (0) makes the rules degenerate to τ = 0: use 1 µs.
