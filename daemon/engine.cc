@@ -194,7 +194,21 @@ void Engine<T>::Housekeeping_st(TimeNs now) {
       if (now >= job.release_at) ReleaseJob_st(job);
       continue;
     }
+    // Peers whose dial was refused (they had not registered the job yet) are redialed when due.
+    auto redial_due = [&] {
+      for (uint16_t r = 0; r < job.world; ++r) {
+        JobPeer& p = job.peers[r];
+        if (r == job.rank || p.retry_at == 0 || now < p.retry_at) continue;
+        p.retry_at = 0;
+        ConnectPeer_st(job, r, now);
+        if (job.failed) break;
+      }
+    };
     if (server_->FindSession(job.session_id) == nullptr) {
+      // A draining job still owes pull responses, which go out only once every peer is up: a
+      // client that closes right after its last result (it owns the shard, so its result came
+      // first) must not strand a peer this daemon has not reached yet.
+      if (!job.failed && job.phase != Job::Phase::kLeaving) redial_due();
       if (!EndJob_st(job, now)) continue;  // still draining or leaving
       FailJob_st(job, GL_E_DISCONNECTED, absl::StrCat("job ", job.info.job_id,
                                                       ": client session closed"));
@@ -211,13 +225,7 @@ void Engine<T>::Housekeeping_st(TimeNs now) {
       RemoveFromTransport_st(job);
       continue;
     }
-    for (uint16_t r = 0; r < job.world; ++r) {
-      JobPeer& p = job.peers[r];
-      if (r == job.rank || p.retry_at == 0 || now < p.retry_at) continue;
-      p.retry_at = 0;
-      ConnectPeer_st(job, r, now);
-      if (job.failed) break;
-    }
+    redial_due();
     if (job.failed) continue;
     // Both directions count: a peer whose dial into us was abandoned before its manifest came
     // (not a failure by itself) must have come back by the deadline.
