@@ -2,7 +2,7 @@
 # Installs the Debian packages gradlane needs to build, test and run — only those missing.
 # Idempotent and non-interactive; run as root on Debian 12.
 #   deploy/install-deps.sh            build + test dependencies
-#   deploy/install-deps.sh --profiles also python3-torch/torchvision (only to regenerate
+#   deploy/install-deps.sh --profiles also python3-torchvision (only to regenerate
 #                                     tests/data/models/*.json; not needed to build or test)
 set -euo pipefail
 
@@ -15,11 +15,12 @@ packages=(
   iproute2 iperf3 procps
   prometheus systemd
   python3-matplotlib
+  python3-torch dataset-fashion-mnist  # gradlane.torch and its training test (torch_exact)
   clang libclang-rt-14-dev  # the fuzz step: libFuzzer's runtime is libclang_rt.fuzzer (tests/fuzz)
   dpkg-dev debhelper dh-python lintian  # deploy/package.sh and the 'package' suite (debian/)
 )
 if [[ "${1:-}" == "--profiles" ]]; then
-  packages+=(python3-torch python3-torchvision libopenblas0-openmp)
+  packages+=(python3-torchvision libopenblas0-openmp)
 fi
 
 missing=()
