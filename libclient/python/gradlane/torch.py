@@ -257,6 +257,9 @@ class Trainer:
         self._registered = False
         self._forward_order = []
         self._hooks = []
+        # Seconds each module's forward waited for its parameters' updates (module name ->
+        # seconds, summed over iterations): where the schedule made compute wait.
+        self.forward_stall_s = {}
 
         group_of = {}
         for gi, g in enumerate(optimizer.param_groups):
@@ -299,6 +302,7 @@ class Trainer:
         model, opt = self._model, self._opt
         self._hooks.append(model.register_forward_pre_hook(self._on_model_forward))
         self._hooks.append(model.register_forward_hook(self._on_model_forward_done))
+        self._module_names = {id(m): n or "(model)" for n, m in model.named_modules()}
         for m in model.modules():
             own = [self._by_param[id(p)] for p in m.parameters(recurse=False)
                    if id(p) in self._by_param]
@@ -390,14 +394,19 @@ class Trainer:
                         off += b.numel()
 
     def _layer_waiter(self, module, own):
+        name = self._module_names.get(id(module), type(module).__name__)
+
         def hook(m, inputs):
             if not self._registered:
                 self._forward_order.append(m)
                 return
             k = self._iteration
             if any(e.updated < k - 1 for e in own):
+                t0 = time.perf_counter()
                 self._wait(lambda: all(e.updated >= k - 1 for e in own),
                            f"update of {type(m).__name__} parameters")
+                self.forward_stall_s[name] = (self.forward_stall_s.get(name, 0.0) +
+                                              time.perf_counter() - t0)
             for e in own:
                 if e.param.grad is not e.grad:  # set_to_none or a user assignment
                     e.param.grad = e.grad
@@ -582,7 +591,8 @@ class Trainer:
                 # completion ring is drained meanwhile, so the daemon never waits on us.
                 if self._deferred:
                     with self._lock:
-                        ready = [(e, k) for e, k in self._deferred if k in self._hparams]
+                        ready = sorted(((e, k) for e, k in self._deferred if k in self._hparams),
+                                       key=lambda ek: (ek[1], ek[0].order))
                         self._deferred = [(e, k) for e, k in self._deferred
                                           if k not in self._hparams]
                     for e, k in ready:
@@ -592,6 +602,11 @@ class Trainer:
                 except _gl.Error as e:
                     raise TrainingError(f"gradlane.torch: rank {self._cfg.rank}: {e}",
                                         e.code) from e
+                # The most urgent first: the next forward needs the first layers first, and an
+                # update applied out of priority order would make the first layer wait behind
+                # the optimizer work of the last.
+                if len(done) > 1:
+                    done.sort(key=self._urgency)
                 for c in done:
                     if not c.ok:
                         raise TrainingError(
@@ -613,6 +628,10 @@ class Trainer:
             self._fail(err)
         except BaseException as err:  # an optimizer error: the training thread re-raises it
             self._fail(TrainingError(f"gradlane.torch: update failed: {err!r}"))
+
+    def _urgency(self, c):
+        e = self._by_tid.get(c.tensor_id)
+        return (c.iteration, -1 if e is None else e.order)
 
     def _client_detail(self):
         try:
