@@ -485,7 +485,10 @@ class Trainer:
                     self._wait(lambda: e.updated >= k - 1, f"update of {e.name}")
                 e.posted = k
                 self._post(e.handle.id, k)
-        if self._buffers_posted < k:  # no training forward this iteration: keep the cadence
+        if self._buffer_slots and self._buffers_posted < k:
+            # No training forward this iteration: keep the cadence. The slots hold the last
+            # result until it has returned; only then may they be posted again.
+            self._wait(lambda: self._buffers_done >= k - 1, "buffer broadcast")
             self._buffers_posted = k
             for h, flat, _ in self._buffer_slots:
                 if self._cfg.rank != 0:
@@ -564,6 +567,7 @@ class Trainer:
             if self._user_step is not None:
                 self._opt.step = self._user_step
             self._model.__dict__.pop("zero_grad", None)
+            self._opt.__dict__.pop("_step_supports_amp_scaling", None)
             for e in self._params:
                 if e.grad is not None and e.param.grad is e.grad:
                     e.param.grad = e.grad.clone()
@@ -609,10 +613,14 @@ class Trainer:
                     done.sort(key=self._urgency)
                 for c in done:
                     if not c.ok:
+                        detail = self._client_detail()
                         raise TrainingError(
-                            f"gradlane.torch: rank {self._cfg.rank}: iteration {c.iteration} "
-                            f"failed: {_gl.STATUS_NAMES.get(c.status, c.status)} "
-                            f"({self._client_detail()})", c.status)
+                            f"gradlane.torch: rank {self._cfg.rank}: iteration {c.iteration} of "
+                            f"job {self._cfg.job_id} failed: "
+                            f"{_gl.STATUS_NAMES.get(c.status, c.status)}"
+                            + (f" ({detail})" if detail else
+                               " (the daemon's log names the cause, e.g. a peer that is gone)"),
+                            c.status)
                     e = self._by_tid.get(c.tensor_id, False)
                     if e is False:
                         raise TrainingError(f"gradlane.torch: completion of unknown tensor "
@@ -635,9 +643,9 @@ class Trainer:
 
     def _client_detail(self):
         try:
-            return _gl._lib.gl_last_error(self._client._c).decode() or "no detail"
-        except Exception:
-            return "no detail"
+            return _gl._lib.gl_last_error(self._client._c).decode()
+        except Exception:  # the client is closing: no detail to add
+            return ""
 
     def _buffer_returned(self, k):
         # Several dtypes are several tensors: the iteration is done when all have returned.
