@@ -5,6 +5,7 @@ torch_bench.sh, which starts the ranks in shaped network namespaces.
     torch_bench.py ddp --rank R --world W --master HOST:PORT --iterations N --batch B --out F
     torch_bench.py gradlane --rank R --world W --job J --peers A,B,C --socket S --policy P ...
     torch_bench.py local --rank R --world W ...   (no communication: the compute floor)
+    torch_bench.py c10d --rank R --world W --master HOST:PORT ...   (DDP over gradlane.c10d)
 
 Writes a JSON file: per-iteration wall times (after --warmup), losses, and for gradlane the
 seconds each layer's forward waited for its update (forward stall)."""
@@ -57,7 +58,7 @@ class ResNet18(nn.Module):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["ddp", "gradlane", "local"])
+    ap.add_argument("mode", choices=["ddp", "gradlane", "local", "c10d"])
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--world", type=int, required=True)
     ap.add_argument("--iterations", type=int, default=30)
@@ -78,9 +79,13 @@ def main():
     trainer = None
     if args.mode == "local":  # no communication: the compute each rank has on this machine
         net = model
-    elif args.mode == "ddp":
+    elif args.mode in ("ddp", "c10d"):
         host, port = args.master.rsplit(":", 1)
-        torch.distributed.init_process_group("gloo", init_method=f"tcp://{host}:{port}",
+        backend = "gloo"
+        if args.mode == "c10d":  # unchanged DDP over the gradlane backend
+            import gradlane.c10d  # noqa: F401
+            backend = "gradlane"
+        torch.distributed.init_process_group(backend, init_method=f"tcp://{host}:{port}",
                                              rank=args.rank, world_size=args.world)
         net = torch.nn.parallel.DistributedDataParallel(model)
     else:
@@ -120,7 +125,7 @@ def main():
         json.dump(result, f)
     if trainer is not None:
         trainer.close()
-    elif args.mode == "ddp":
+    elif args.mode in ("ddp", "c10d"):
         torch.distributed.destroy_process_group()
 
 

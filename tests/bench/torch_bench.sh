@@ -8,7 +8,8 @@
 # daemons' CPU (% of one core, summed over the three), the most-stalled layers, load average.
 #   tests/bench/torch_bench.sh BUILD_DIR [CSV]
 #   env: RATES ("1gbit 3gbit 10gbit"), POLICIES ("fifo bytescheduler prophet gradlane"),
-#        ITERS (30), WARMUP (5), BATCH (16)
+#        ITERS (30), WARMUP (5), BATCH (16), C10D_MODULE (the built gradlane/_c10d: adds
+#        unchanged DDP over the c10d backend "gradlane")
 # Root (namespaces) and Debian's python3-torch are required. Not a test: about 2 min a rate.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -72,6 +73,20 @@ bench_rate() {  # rate: one namespace set, DDP then each policy
   for r in 0 1 2; do gl_wait "ddp.r$r" 900 || { gl_show "ddp.r$r" 20; exit 1; }; done
   report "$rate" ddp "" "$GL_TMP/ddp.r0.json" "-"
   peers=$(gl_peers)
+  if [[ -n ${C10D_MODULE:-} ]]; then  # unchanged DDP over the c10d backend, default policy
+    port=$((port + 1))
+    t0=$(cpu_ticks) s0=$(date +%s.%N)
+    for r in 0 1 2; do
+      gl_bg "$r" "c10d.r$r" env GRADLANE_C10D_MODULE="$C10D_MODULE" GRADLANE_SOCKET="${GL_SOCK[r]}" \
+        GRADLANE_PEERS="$peers" $py "$bench" c10d "${common[@]}" --rank=$r \
+        --master="${GL_IP[0]}:$port" --out="$GL_TMP/c10d.r$r.json"
+    done
+    for r in 0 1 2; do gl_wait "c10d.r$r" 900 || { gl_show "c10d.r$r" 20; exit 1; }; done
+    t1=$(cpu_ticks) s1=$(date +%s.%N)
+    cpu=$(awk -v a="$t0" -v b="$t1" -v s="$s0" -v e="$s1" -v hz="$(getconf CLK_TCK)" \
+      'BEGIN{printf "%.0f", (b - a) / hz / (e - s) * 100}')
+    report "$rate" c10d "" "$GL_TMP/c10d.r0.json" "$cpu"
+  fi
   for policy in ${POLICIES:-fifo bytescheduler prophet gradlane}; do
     t0=$(cpu_ticks) s0=$(date +%s.%N)
     for r in 0 1 2; do

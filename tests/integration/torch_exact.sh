@@ -10,12 +10,16 @@
 #     for what breaks the scheme;
 #   - the kill -9 case: a daemon dies mid-training; every rank must end with a TrainingError
 #     (exit 3) within 2 x peer_timeout + 10 s (torch start-up included), none may hang.
-#   torch_exact.sh GRADLANED LIBGRADLANE PYTHON_PACKAGE_DIR
+#   - an unchanged DDP script over the c10d backend "gradlane" (import gradlane.c10d;
+#     init_process_group("gradlane")): bit-identical to DDP + gloo with a hook doing what the
+#     reducer does before a summing backend (x 1/W, then the rank-ordered sum); and each
+#     collective's result and refusals (torch_c10d_ops.py);
+#   torch_exact.sh GRADLANED LIBGRADLANE PYTHON_PACKAGE_DIR [C10D_MODULE | ""]
 # Skips (77) without a python3 that imports torch, or without the dataset.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/netns.sh"
-daemon=$1 lib=$2 pydir=$3
+daemon=$1 lib=$2 pydir=$3 c10d_module=${4:-}
 [[ -x $daemon ]] || { echo "SKIP: gradlaned not built ($daemon)"; exit 77; }
 py=""
 for cand in ${GL_TORCH_PYTHON:-} /usr/bin/python3 python3; do
@@ -103,6 +107,52 @@ for policy in fifo p3 bytescheduler prophet gradlane; do
   fi
   echo "policy $policy, $opt: bit-identical to DDP + gloo ($((SECONDS - t0)) s)"
 done
+
+# DDP, unchanged, over the c10d backend: every rank in its namespace (the TCP store on host 0).
+if [[ -n $c10d_module ]]; then
+  port=$((port + 1))
+  for r in 0 1 2; do
+    GLOO_SOCKET_IFNAME=lo "$py" "$train" ddp --hook=premul --rank=$r --world=3 \
+      --master=127.0.0.1:$port --iterations="$iters" --out="$GL_TMP/ddp-premul.r$r.pt" \
+      --progress_file="$GL_TMP/ddp-premul.r$r.progress" \
+      >"$GL_TMP/ddp-premul.r$r.out" 2>"$GL_TMP/ddp-premul.r$r.err" &
+    GL_PID[ddp-premul.r$r]=$!
+  done
+  wait_ranks ddp-premul 120
+  for r in 0 1 2; do
+    ((rc[r] == 0)) || { gl_show "ddp-premul.r$r" 20; echo "FAIL: DDP reference (premul) rank $r: exit ${rc[r]}" >&2; exit 1; }
+  done
+  port=$((port + 1))
+  t0=$SECONDS
+  for r in 0 1 2; do
+    gl_bg "$r" "c10d.r$r" env GRADLANE_C10D_MODULE="$c10d_module" GRADLANE_SOCKET="${GL_SOCK[r]}" \
+      GRADLANE_PEERS="$peers" GRADLANE_POLICY=prophet "$py" "$train" c10d --rank=$r --world=3 \
+      --master="${GL_IP[0]}:$port" --iterations="$iters" --out="$GL_TMP/c10d.r$r.pt" \
+      --progress_file="$GL_TMP/c10d.r$r.progress"
+  done
+  wait_ranks c10d 120
+  for r in 0 1 2; do
+    ((rc[r] == 0)) || { gl_show "c10d.r$r" 20; echo "FAIL: DDP over the gradlane backend, rank $r: exit ${rc[r]}" >&2; exit 1; }
+  done
+  "$py" "$train" compare "$GL_TMP/ddp-premul" "$GL_TMP/c10d" 3 same ||
+    { echo "FAIL: DDP over the gradlane backend is not bit-identical to DDP + gloo" >&2; exit 1; }
+  echo "DDP over the c10d backend 'gradlane' (prophet): bit-identical to DDP + gloo ($((SECONDS - t0)) s)"
+  port=$((port + 1))
+  for r in 0 1 2; do
+    gl_bg "$r" "ops.r$r" env GRADLANE_C10D_MODULE="$c10d_module" GRADLANE_SOCKET="${GL_SOCK[r]}" \
+      GRADLANE_PEERS="$peers" "$py" "$here/torch_c10d_ops.py" $r 3 "${GL_IP[0]}:$port"
+  done
+  for r in 0 1 2; do
+    rc[r]=0
+    gl_wait "ops.r$r" 120 || rc[r]=$?
+  done
+  cat "$GL_TMP/ops.r0.out"
+  for r in 0 1 2; do
+    ((rc[r] == 0)) || { gl_show "ops.r$r" 30; echo "FAIL: c10d collective checks, rank $r" >&2; exit 1; }
+  done
+else
+  echo "c10d backend not built (meson -Dtorch; needs libtorch-dev, pybind11-dev, python3-dev): its part is left out"
+fi
 
 # The plugin's own rules against daemon 0 alone (W = 1): see torch_errors.py.
 gl_bg 0 errors "$py" "$here/torch_errors.py" "${GL_SOCK[0]}"

@@ -4,7 +4,8 @@ through DDP over gloo; and the comparison of two runs. Used by torch_exact.sh.
     torch_train.py gradlane --rank R --world W --job J --peers A,B,C --socket S --policy P
                    --optimizer O --iterations N --out FILE [--progress_file F]
     torch_train.py ddp --rank R --world W --master HOST:PORT --optimizer O --iterations N --out F
-    torch_train.py compare DDP_PREFIX GRADLANE_PREFIX W
+    torch_train.py c10d --rank R --world W --master HOST:PORT ...   (DDP over the gradlane backend)
+    torch_train.py compare DDP_PREFIX GRADLANE_PREFIX W [rank0|same]
 
 Both modes compute the same thing: every rank seeds its model differently (the initial
 broadcast must make them equal), takes its own slice of each batch, and the gradients are the
@@ -89,6 +90,22 @@ def ordered_sum_hook(state, bucket):
     return fut
 
 
+def premul_ordered_sum_hook(state, bucket):
+    """What DDP does with no hook over a backend that sums in rank order: each gradient times
+    1/W as it is copied into the bucket (the reducer's mul_out by a wrapped scalar), then the
+    rank-ordered sum. The reference for the c10d backend."""
+    world = torch.distributed.get_world_size()
+    buf = bucket.buffer().mul(1.0 / world)
+    parts = [torch.empty_like(buf) for _ in range(world)]
+    torch.distributed.all_gather(parts, buf)
+    acc = parts[0].clone()
+    for t in parts[1:]:
+        acc += t
+    fut = torch.futures.Future()
+    fut.set_result(acc)
+    return fut
+
+
 def train(args):
     torch.set_num_threads(1)  # both modes: the same kernels, so the same floating-point sums
     torch.manual_seed(1000 + args.rank)  # different on purpose: the broadcast must fix it
@@ -99,12 +116,18 @@ def train(args):
                                  60000)
     per_iter = world * b
     trainer = None
-    if args.mode == "ddp":
+    if args.mode in ("ddp", "c10d"):
         host, port = args.master.rsplit(":", 1)
-        torch.distributed.init_process_group("gloo", init_method=f"tcp://{host}:{port}",
+        backend = "gloo"
+        if args.mode == "c10d":
+            import gradlane.c10d  # noqa: F401 — registers the backend
+            backend = "gradlane"
+        torch.distributed.init_process_group(backend, init_method=f"tcp://{host}:{port}",
                                              rank=rank, world_size=world)
         net = torch.nn.parallel.DistributedDataParallel(model)
-        net.register_comm_hook(None, ordered_sum_hook)
+        if args.mode == "ddp":
+            net.register_comm_hook(None, premul_ordered_sum_hook if args.hook == "premul"
+                                   else ordered_sum_hook)
     else:
         import gradlane.torch as gltorch
         trainer = gltorch.distribute(model, opt, job_id=args.job, rank=rank, world_size=world,
@@ -138,14 +161,16 @@ def train(args):
     if trainer is not None:
         trainer.close()
     else:
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     print(f"{args.mode} rank {rank}: {args.iterations} iterations in {elapsed:.1f} s, "
           f"final loss {losses[-1]:.6f}", flush=True)
 
 
-def compare(ddp_prefix, gl_prefix, world):
+def compare(ddp_prefix, gl_prefix, world, buffers_from="rank0"):
     """Losses and parameters bit for bit, every rank; floating-point buffers of every gradlane
-    rank against DDP's rank 0 (gradlane.torch broadcasts rank 0's after each forward)."""
+    rank against DDP's rank 0 (gradlane.torch broadcasts rank 0's after each forward), or
+    against the same rank's (buffers_from "same": two DDP runs)."""
     ref0 = torch.load(f"{ddp_prefix}.r0.pt")
     bad = []
     for r in range(world):
@@ -158,7 +183,7 @@ def compare(ddp_prefix, gl_prefix, world):
                 bad.append(f"rank {r}: loss of iteration {i}: DDP {a!r}, gradlane {g!r}")
                 break
         for name, want in ref["state"].items():
-            if want.is_floating_point() and name.startswith("bn"):
+            if want.is_floating_point() and name.startswith("bn") and buffers_from == "rank0":
                 want = ref0["state"][name]
             have = got["state"][name]
             same = (want.dtype == have.dtype and want.shape == have.shape and
@@ -180,9 +205,11 @@ def compare(ddp_prefix, gl_prefix, world):
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "compare":
-        return compare(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return compare(sys.argv[2], sys.argv[3], int(sys.argv[4]),
+                       sys.argv[5] if len(sys.argv) > 5 else "rank0")
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["gradlane", "ddp"])
+    ap.add_argument("mode", choices=["gradlane", "ddp", "c10d"])
+    ap.add_argument("--hook", choices=["ordered", "premul"], default="ordered")
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--world", type=int, required=True)
     ap.add_argument("--iterations", type=int, default=50)
