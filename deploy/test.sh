@@ -59,14 +59,14 @@ if [[ "${1:-}" != "--quick" ]]; then
   tests/fuzz/run.sh build-fuzz "${GRADLANE_FUZZ_SECONDS:-25}"
   phase "build + tests under ASan/UBSan"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    run_suite build-sanitize "--no-suite=integration-big --no-suite=soak --no-suite=package" -Db_sanitize=address,undefined -Db_lundef=false -Dbenchmarks=disabled \
+    run_suite build-sanitize "--no-suite=integration-big --no-suite=soak --no-suite=package" -Db_sanitize=address,undefined -Db_lundef=false -Dbenchmarks=disabled -Dtorch=disabled \
       -Doptimization=1  # ASan's recommended level, and quicker to compile than -O2
   # The engine, the session server's acceptor, the admin and metrics threads and the clients
   # share counters, queues and rings: TSan checks the thread rules the comments state. DPDK is
   # left out (its lcore runtime is not instrumented), and so are the integration scripts.
   # Only what those suites run is built (not the simulator, the sched tests or the harnesses).
   phase "build + daemon, transport, shm and libclient tests under ThreadSanitizer"
-  tsan_setup=(-Db_sanitize=thread -Db_lundef=false -Dbenchmarks=disabled -Ddpdk=disabled -Doptimization=1)
+  tsan_setup=(-Db_sanitize=thread -Db_lundef=false -Dbenchmarks=disabled -Ddpdk=disabled -Dtorch=disabled -Doptimization=1)
   if [[ -f build-tsan/build.ninja ]]; then
     meson configure build-tsan "${tsan_setup[@]}" >/dev/null
   else
