@@ -15,10 +15,10 @@
 namespace gradlane::c10d_backend {
 namespace {
 
-// Rungs of 4 KiB, 16 KiB, ... 16 MiB: a collective of n bytes pads at most to 4n (or to
-// 4 KiB), and a DDP bucket (25 MiB by default) takes two rounds.
+// Rungs of 4 KiB, 8 KiB, ... 16 MiB (32 MiB of arena): any size is a sum of rungs to within
+// the last 4 KiB, and a DDP bucket (25 MiB by default) goes out as 16 + 8 + 1 MiB at once.
 constexpr uint64_t kSmallestRungBytes = 4096;
-constexpr int kRungs = 7;
+constexpr int kRungs = 13;
 // float32 holds every integer of magnitude up to 2^24 exactly.
 constexpr double kExactIntegerLimit = 16777216.0;
 
@@ -103,30 +103,6 @@ void CheckCpu(const std::vector<at::Tensor>& tensors, const char* op) {
               " of a tensor on ", tensors[0].device(), ": only CPU tensors are supported");
 }
 
-class CompletedWork final : public ::c10d::Work {
- public:
-  CompletedWork(std::vector<at::Tensor> result, ::c10d::OpType op)
-      : ::c10d::Work(-1, op),
-        result_(std::move(result)),
-        future_(c10::make_intrusive<c10::ivalue::Future>(
-            c10::ListType::create(c10::TensorType::get()))) {
-    future_->markCompleted(c10::IValue(result_));
-  }
-  bool isCompleted() override { return true; }
-  bool isSuccess() const override { return true; }
-  bool wait(std::chrono::milliseconds /*timeout*/) override { return true; }
-  std::vector<at::Tensor> result() override { return result_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-
- private:
-  std::vector<at::Tensor> result_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-};
-
-c10::intrusive_ptr<::c10d::Work> Done(std::vector<at::Tensor> result, ::c10d::OpType op) {
-  return c10::make_intrusive<CompletedWork>(std::move(result), op);
-}
-
 }  // namespace
 
 c10::intrusive_ptr<::c10d::ProcessGroup> ProcessGroupGradlane::Create(
@@ -160,7 +136,7 @@ c10::intrusive_ptr<::c10d::ProcessGroup> ProcessGroupGradlane::Create(
   std::vector<Rung> rungs(kRungs);
   uint64_t arena = 1u << 20;
   for (int i = 0; i < kRungs; ++i) {
-    rungs[i].floats = (kSmallestRungBytes << (2 * i)) / sizeof(float);
+    rungs[i].floats = (kSmallestRungBytes << i) / sizeof(float);
     arena += rungs[i].floats * sizeof(float);
   }
   const std::string socket = Env("GRADLANE_SOCKET");
@@ -211,9 +187,83 @@ ProcessGroupGradlane::ProcessGroupGradlane(int rank, int size, gl_client* client
       timeout_ms_(timeout_ms),
       job_id_(std::move(job_id)) {
   init();
+  worker_ = std::thread([this] { WorkerLoop(); });
 }
 
-ProcessGroupGradlane::~ProcessGroupGradlane() { gl_close(client_); }
+ProcessGroupGradlane::~ProcessGroupGradlane() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;  // the worker finishes what is queued first
+  }
+  cv_.notify_all();
+  worker_.join();
+  gl_close(client_);
+}
+
+class ProcessGroupGradlane::Work final : public ::c10d::Work {
+ public:
+  Work(std::vector<at::Tensor> outputs, ::c10d::OpType op)
+      : ::c10d::Work(-1, op),
+        outputs_(std::move(outputs)),
+        future_(c10::make_intrusive<c10::ivalue::Future>(
+            c10::ListType::create(c10::TensorType::get()))) {}
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
+  std::exception_ptr exception() const override {
+    return future_->completed() && future_->hasError() ? future_->exception_ptr() : nullptr;
+  }
+  bool wait(std::chrono::milliseconds /*timeout: the group's own bounds every round*/) override {
+    future_->wait();
+    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+    return true;
+  }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  void Finish(std::exception_ptr error) {
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+  }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlane::Enqueue(std::function<void()> run,
+                                                               std::vector<at::Tensor> outputs,
+                                                               ::c10d::OpType op) {
+  auto work = c10::make_intrusive<Work>(std::move(outputs), op);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.emplace_back(std::move(run), work);
+  }
+  cv_.notify_one();
+  return work;
+}
+
+void ProcessGroupGradlane::WorkerLoop() {
+  for (;;) {
+    std::pair<std::function<void()>, c10::intrusive_ptr<Work>> next;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      next = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (!failed_) {
+      try {
+        next.first();
+      } catch (...) {
+        failed_ = std::current_exception();
+      }
+    }
+    next.second->Finish(failed_);
+  }
+}
 
 void ProcessGroupGradlane::Fail(const char* op, int status, const std::string& what) {
   const std::string detail = gl_last_error(client_);
@@ -221,89 +271,116 @@ void ProcessGroupGradlane::Fail(const char* op, int status, const std::string& w
               ": ", gl_strerror(status), detail.empty() ? "" : " (" + detail + ")");
 }
 
-void ProcessGroupGradlane::SumChunk(float* data, uint64_t count, const char* op) {
-  Rung* rung = &rungs_.back();
-  for (Rung& r : rungs_) {
-    if (r.floats >= count) {
-      rung = &r;
-      break;
-    }
-  }
-  std::memcpy(rung->data, data, count * sizeof(float));
-  std::memset(rung->data + count, 0, (rung->floats - count) * sizeof(float));
-  const int64_t iteration = rung->next_iteration++;
+void ProcessGroupGradlane::PostPiece(Rung& rung, const float* data, uint64_t count,
+                                     const char* op) {
+  std::memcpy(rung.data, data, count * sizeof(float));
+  std::memset(rung.data + count, 0, (rung.floats - count) * sizeof(float));
+  const int64_t iteration = rung.next_iteration++;
   int rc;
-  while ((rc = gl_post(client_, rung->tensor_id, iteration, 0, GL_WHOLE_TENSOR, 0)) == GL_E_AGAIN) {
+  while ((rc = gl_post(client_, rung.tensor_id, iteration, 0, GL_WHOLE_TENSOR, 0)) == GL_E_AGAIN) {
     std::this_thread::yield();  // the daemon is taking the ring's earlier entries
   }
   if (rc != GL_OK) Fail(op, rc, "post");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
-  gl_completion done{};
-  for (;;) {
+  in_flight_.push_back(Piece{&rung, const_cast<float*>(data), count, iteration});
+}
+
+void ProcessGroupGradlane::CollectPieces(const char* op) {
+  // The deadline moves with each result: it bounds a stall, not a long collective.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+  while (!in_flight_.empty()) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
+    gl_completion done[16];
     uint32_t n = 0;
-    rc = gl_wait(client_, &done, 1, &n, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    const int rc = gl_wait(client_, done, 16, &n, static_cast<int>(std::max<int64_t>(left.count(), 0)));
     if (rc == GL_E_TIMEOUT) Fail(op, rc, "no result within the group's timeout");
     if (rc != GL_OK) Fail(op, rc, "wait");
-    if (n == 1) break;
+    if (n > 0) deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+    for (uint32_t i = 0; i < n; ++i) {
+      const gl_completion& c = done[i];
+      if (c.status != GL_OK) Fail(op, c.status, "round " + std::to_string(c.iteration));
+      auto it = std::find_if(in_flight_.begin(), in_flight_.end(), [&](const Piece& p) {
+        return p.rung->tensor_id == c.tensor_id && p.iteration == c.iteration;
+      });
+      TORCH_CHECK(it != in_flight_.end(), "gradlane backend: completion of tensor ",
+                  c.tensor_id, " iteration ", c.iteration, ", which was not posted");
+      std::memcpy(it->data, it->rung->data, it->count * sizeof(float));
+      in_flight_.erase(it);
+    }
   }
-  if (done.status != GL_OK) Fail(op, done.status, "round " + std::to_string(iteration));
-  TORCH_CHECK(done.tensor_id == rung->tensor_id && done.iteration == iteration,
-              "gradlane backend: completion of tensor ", done.tensor_id, " iteration ",
-              done.iteration, " where ", rung->tensor_id, "/", iteration, " was due");
-  std::memcpy(data, rung->data, count * sizeof(float));
 }
 
 void ProcessGroupGradlane::SumInPlace(at::Tensor& flat, const char* op) {
   TORCH_CHECK(flat.scalar_type() == at::kFloat && flat.is_contiguous(), "internal: flat buffer");
   float* data = flat.data_ptr<float>();
   const uint64_t n = static_cast<uint64_t>(flat.numel());
-  const uint64_t largest = rungs_.back().floats;
-  for (uint64_t off = 0; off < n; off += largest) {
-    SumChunk(data + off, std::min(largest, n - off), op);
+  Rung& top = rungs_.back();
+  uint64_t off = 0;
+  // Whole top rungs, one after the other (a rung holds one round at a time)...
+  for (; n - off > top.floats; off += top.floats) {
+    PostPiece(top, data + off, top.floats, op);
+    CollectPieces(op);
   }
+  // ...then the rest along the ladder: in units of the smallest rung, rounded up, its binary
+  // digits name distinct rungs, all in flight at once; only the last piece is partial.
+  uint64_t left = n - off;
+  const uint64_t units = (left + rungs_[0].floats - 1) / rungs_[0].floats;
+  for (int i = kRungs - 1; i >= 0 && left > 0; --i) {
+    if ((units & (uint64_t{1} << i)) == 0) continue;
+    const uint64_t count = std::min(left, rungs_[i].floats);
+    PostPiece(rungs_[i], data + off, count, op);
+    off += count;
+    left -= count;
+  }
+  CollectPieces(op);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlane::broadcast(
     std::vector<at::Tensor>& tensors, const ::c10d::BroadcastOptions& opts) {
   CheckCpu(tensors, "broadcast");
-  at::Tensor& t = tensors[0];
-  at::Tensor flat = rank_ == opts.rootRank ? Encode(t) : NothingFloats(EncodedLength(t));
-  SumInPlace(flat, "broadcast");
-  if (rank_ != opts.rootRank) Decode(flat, t);
-  return Done(tensors, ::c10d::OpType::BROADCAST);
+  at::Tensor t = tensors[0];
+  const int64_t root = opts.rootRank;
+  return Enqueue(
+      [this, t, root]() mutable {
+        at::Tensor flat = rank_ == root ? Encode(t) : NothingFloats(EncodedLength(t));
+        SumInPlace(flat, "broadcast");
+        if (rank_ != root) Decode(flat, t);
+      },
+      tensors, ::c10d::OpType::BROADCAST);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlane::allreduce(
     std::vector<at::Tensor>& tensors, const ::c10d::AllreduceOptions& opts) {
   CheckCpu(tensors, "allreduce");
-  at::Tensor& t = tensors[0];
+  at::Tensor t = tensors[0];
   const auto op = opts.reduceOp.op_;
   TORCH_CHECK(op == ::c10d::ReduceOp::SUM || op == ::c10d::ReduceOp::AVG,
               "gradlane backend: allreduce sums (SUM, AVG); reduce op ", static_cast<int>(op),
               " is not supported");
   const at::ScalarType type = t.scalar_type();
-  if (!SummedAsValues(type)) {
-    TORCH_CHECK(IntegerLike(type), "gradlane backend: allreduce of ", type,
-                ": the daemons sum float32 (float16, bfloat16 and small integers convert "
-                "exactly; float64 does not)");
-  }
-  at::Tensor flat = ValuesAsFloats(t);
-  if (IntegerLike(type) && flat.numel() > 0) {
-    TORCH_CHECK(flat.abs().max().item<double>() <= kExactIntegerLimit,
+  const bool integer = IntegerLike(type);
+  TORCH_CHECK(SummedAsValues(type) || integer, "gradlane backend: allreduce of ", type,
+              ": the daemons sum float32 (float16, bfloat16 and small integers convert "
+              "exactly; float64 does not)");
+  if (integer && t.numel() > 0) {
+    TORCH_CHECK(t.to(at::kDouble).abs().max().item<double>() <= kExactIntegerLimit,
                 "gradlane backend: allreduce of ", type, " values beyond 2^24 (not exact in "
                 "float32)");
   }
-  SumInPlace(flat, "allreduce");
-  if (IntegerLike(type) && flat.numel() > 0) {
-    TORCH_CHECK(flat.abs().max().item<double>() <= kExactIntegerLimit,
-                "gradlane backend: allreduce of ", type, ": a sum beyond 2^24 (not exact in "
-                "float32)");
-  }
-  if (op == ::c10d::ReduceOp::AVG) flat.div_(size_);
-  t.copy_(flat.reshape(t.sizes()));
-  return Done(tensors, ::c10d::OpType::ALLREDUCE);
+  const bool average = op == ::c10d::ReduceOp::AVG;
+  return Enqueue(
+      [this, t, integer, average, type]() mutable {
+        at::Tensor flat = ValuesAsFloats(t);
+        SumInPlace(flat, "allreduce");
+        if (integer && flat.numel() > 0) {
+          TORCH_CHECK(flat.abs().max().item<double>() <= kExactIntegerLimit,
+                      "gradlane backend: allreduce of ", type, ": a sum beyond 2^24 (not "
+                      "exact in float32)");
+        }
+        if (average) flat.div_(size_);
+        t.copy_(flat.reshape(t.sizes()));
+      },
+      tensors, ::c10d::OpType::ALLREDUCE);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlane::allreduce_coalesced(
@@ -312,7 +389,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlane::allreduce_coalesced(
     std::vector<at::Tensor> one{t};
     allreduce(one, opts);
   }
-  return Done(tensors, ::c10d::OpType::ALLREDUCE_COALESCED);
+  // Queued after them: it completes when they all have.
+  return Enqueue([] {}, tensors, ::c10d::OpType::ALLREDUCE_COALESCED);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlane::allgather(
@@ -321,17 +399,21 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlane::allgather(
   CheckCpu(inputs, "allgather");
   TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
               "gradlane backend: allgather needs one list of ", size_, " output tensors");
-  const at::Tensor& in = inputs[0];
-  const int64_t n = EncodedLength(in);
+  const at::Tensor in = inputs[0];
   for (const at::Tensor& o : outputs[0]) {
     TORCH_CHECK(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
                 "gradlane backend: allgather outputs must match the input's size and dtype");
   }
-  at::Tensor flat = NothingFloats(n * size_);
-  flat.narrow(0, n * rank_, n).copy_(Encode(in));
-  SumInPlace(flat, "allgather");
-  for (int r = 0; r < size_; ++r) Decode(flat.narrow(0, n * r, n).contiguous(), outputs[0][r]);
-  return Done(outputs[0], ::c10d::OpType::ALLGATHER);
+  std::vector<at::Tensor> outs = outputs[0];
+  return Enqueue(
+      [this, in, outs]() mutable {
+        const int64_t n = EncodedLength(in);
+        at::Tensor flat = NothingFloats(n * size_);
+        flat.narrow(0, n * rank_, n).copy_(Encode(in));
+        SumInPlace(flat, "allgather");
+        for (int r = 0; r < size_; ++r) Decode(flat.narrow(0, n * r, n).contiguous(), outs[r]);
+      },
+      outputs[0], ::c10d::OpType::ALLGATHER);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlane::_allgather_base(
@@ -342,17 +424,20 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlane::_allgather_base(
   for (at::Tensor& o : outputs[0]) o = o.view(input.sizes());
   std::vector<at::Tensor> inputs{input};
   allgather(outputs, inputs, opts);
-  return Done({output}, ::c10d::OpType::_ALLGATHER_BASE);
+  return Enqueue([] {}, {output}, ::c10d::OpType::_ALLGATHER_BASE);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlane::barrier(
     const ::c10d::BarrierOptions& /*opts*/) {
-  at::Tensor one = at::ones({1}, at::TensorOptions().dtype(at::kFloat));
-  SumInPlace(one, "barrier");
-  TORCH_CHECK(one.item<float>() == static_cast<float>(size_), "gradlane backend: barrier "
-              "counted ", one.item<float>(), " ranks of ", size_,
-              " (are the daemons running --reduce=sum?)");
-  return Done({}, ::c10d::OpType::BARRIER);
+  return Enqueue(
+      [this] {
+        at::Tensor one = at::ones({1}, at::TensorOptions().dtype(at::kFloat));
+        SumInPlace(one, "barrier");
+        TORCH_CHECK(one.item<float>() == static_cast<float>(size_), "gradlane backend: "
+                    "barrier counted ", one.item<float>(), " ranks of ", size_,
+                    " (are the daemons running --reduce=sum?)");
+      },
+      {}, ::c10d::OpType::BARRIER);
 }
 
 }  // namespace gradlane::c10d_backend

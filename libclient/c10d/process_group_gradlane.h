@@ -3,9 +3,10 @@
 // (`import gradlane.c10d`, then `init_process_group("gradlane")`; docs/training.md §5).
 //
 // How: one gradlane job per process group, holding a ladder of float32 scratch tensors
-// (4 KiB, 16 KiB, ... 16 MiB). A collective is cut into chunks of at most the largest rung;
-// each chunk is written into the smallest rung that holds it (zero-padded), posted whole as
-// that rung's next iteration, and read back when the daemons have summed it in rank order.
+// (4 KiB, 8 KiB, ... 16 MiB, doubling). A collective is cut into 16 MiB chunks and a remainder
+// that is split along the ladder (binary: 9 MiB = 8 + 1), so at most the last 4 KiB is
+// padding; pieces on different rungs are posted together and the daemons reduce them side by
+// side; each returns when the daemons have summed it in rank order.
 //   allreduce   SUM (AVG: the sum, then divided by W); float32 exactly as the daemons sum;
 //               float16/bfloat16 summed in float32 and rounded once (the daemons' arithmetic);
 //               integer and bool tensors while every value and sum is exact in float32
@@ -16,12 +17,15 @@
 //   barrier     an allreduce of one element.
 // Other collectives (reduce, scatter, gather, all-to-all, send/recv) raise "not supported".
 //
-// Guarantees and rules: collectives run synchronously in the calling thread and return a
-// completed Work (DDP then overlaps nothing: the plugin gradlane.torch does; docs say so).
-// Errors (a daemon or peer gone, a timeout) raise RuntimeError with the gradlane status and
-// the daemon's message, never hang past the group's timeout. Not thread-safe: one thread
-// issues a group's collectives, as c10d requires. Exceptions are the torch extension's error
-// path (TORCH_CHECK); nothing here is on the daemon's data path.
+// Guarantees and rules: collectives run in the order issued, on one worker thread per group
+// that alone uses the gradlane client; each returns a Work whose Future completes when the
+// result is in place (DDP chains on it, so its buckets overlap backward as over gloo). As
+// with every c10d backend, inputs must stay untouched until then. Errors (a daemon or peer
+// gone, a timeout) complete the Work with a RuntimeError carrying the gradlane status and the
+// daemon's message, never hang past the group's timeout; after one, every later collective
+// of the group fails with it. Issuing collectives: one thread at a time, as c10d requires.
+// Exceptions are the torch extension's error path (TORCH_CHECK); nothing here is on the
+// daemon's data path.
 #ifndef GRADLANE_LIBCLIENT_C10D_PROCESS_GROUP_GRADLANE_H_
 #define GRADLANE_LIBCLIENT_C10D_PROCESS_GROUP_GRADLANE_H_
 
@@ -29,8 +33,14 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "libclient/gradlane.h"
@@ -74,17 +84,40 @@ class ProcessGroupGradlane final : public ::c10d::ProcessGroup {
                        int timeout_ms, std::string job_id);
 
  private:
+  class Work;
+  // Queues `run` for the worker; the returned Work completes with `outputs` after it.
+  c10::intrusive_ptr<::c10d::Work> Enqueue(std::function<void()> run,
+                                           std::vector<at::Tensor> outputs, ::c10d::OpType op);
+  void WorkerLoop();
 
-  // Sums `flat` (contiguous float32) across the ranks in place, in rank order.
+  // Worker thread only. Sums `flat` (contiguous float32) across the ranks in place, in rank
+  // order.
   void SumInPlace(at::Tensor& flat, const char* op);
-  // One rung round: `count` floats of `flat` from `offset`.
-  void SumChunk(float* data, uint64_t count, const char* op);
+  // Posts `count` floats from `data` on `rung` (padded with zeros) as its next iteration.
+  void PostPiece(Rung& rung, const float* data, uint64_t count, const char* op);
+  // Waits for every posted piece and copies each result back.
+  void CollectPieces(const char* op);
   [[noreturn]] void Fail(const char* op, int status, const std::string& what);
 
+  struct Piece {
+    Rung* rung;
+    float* data;
+    uint64_t count;
+    int64_t iteration;
+  };
+
   gl_client* client_;
-  std::vector<Rung> rungs_;  // ascending size
+  std::vector<Rung> rungs_;  // ascending size, each twice the one before
   int timeout_ms_;
   std::string job_id_;
+  std::vector<Piece> in_flight_;  // worker thread only
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::function<void()>, c10::intrusive_ptr<Work>>> queue_;  // mu_
+  bool stop_ = false;                                                            // mu_
+  std::exception_ptr failed_;  // worker thread only: the first error ends the group
+  std::thread worker_;
 };
 
 }  // namespace gradlane::c10d_backend

@@ -54,8 +54,26 @@ PY
 }
 export CSV=$csv
 
+# run_on_daemons NAME MODE POLICY CMD... : CMD on every host with --rank and --out added and
+# its daemon's socket in GRADLANE_SOCKET; then the report row
+# with the daemons' CPU over the run.
+run_on_daemons() {
+  local name=$1 mode=$2 policy=$3 r t0 t1 s0 s1 cpu
+  shift 3
+  t0=$(cpu_ticks) s0=$(date +%s.%N)
+  for r in 0 1 2; do
+    gl_bg "$r" "$name.r$r" env GRADLANE_SOCKET="${GL_SOCK[r]}" "$@" --rank=$r \
+      --out="$GL_TMP/$name.r$r.json"
+  done
+  for r in 0 1 2; do gl_wait "$name.r$r" 900 || { gl_show "$name.r$r" 20; exit 1; }; done
+  t1=$(cpu_ticks) s1=$(date +%s.%N)
+  cpu=$(awk -v a="$t0" -v b="$t1" -v s="$s0" -v e="$s1" -v hz="$(getconf CLK_TCK)" \
+    'BEGIN{printf "%.0f", (b - a) / hz / (e - s) * 100}')
+  report "$rate" "$mode" "$policy" "$GL_TMP/$name.r0.json" "$cpu"
+}
+
 bench_rate() {  # rate: one namespace set, DDP then each policy
-  local rate=$1 r policy peers port t0 t1 s0 s1 cpu
+  local rate=$1 r policy peers port
   gl_env_init --need-netns 3 "$rate"
   for i in 0 1 2; do gl_daemon_start "$i" --peer_timeout=10s; done
   local common=(--world=3 --iterations="$iters" --warmup="$warmup" --batch="$batch")
@@ -75,30 +93,12 @@ bench_rate() {  # rate: one namespace set, DDP then each policy
   peers=$(gl_peers)
   if [[ -n ${C10D_MODULE:-} ]]; then  # unchanged DDP over the c10d backend, default policy
     port=$((port + 1))
-    t0=$(cpu_ticks) s0=$(date +%s.%N)
-    for r in 0 1 2; do
-      gl_bg "$r" "c10d.r$r" env GRADLANE_C10D_MODULE="$C10D_MODULE" GRADLANE_SOCKET="${GL_SOCK[r]}" \
-        GRADLANE_PEERS="$peers" $py "$bench" c10d "${common[@]}" --rank=$r \
-        --master="${GL_IP[0]}:$port" --out="$GL_TMP/c10d.r$r.json"
-    done
-    for r in 0 1 2; do gl_wait "c10d.r$r" 900 || { gl_show "c10d.r$r" 20; exit 1; }; done
-    t1=$(cpu_ticks) s1=$(date +%s.%N)
-    cpu=$(awk -v a="$t0" -v b="$t1" -v s="$s0" -v e="$s1" -v hz="$(getconf CLK_TCK)" \
-      'BEGIN{printf "%.0f", (b - a) / hz / (e - s) * 100}')
-    report "$rate" c10d "" "$GL_TMP/c10d.r0.json" "$cpu"
+    run_on_daemons c10d c10d "" env GRADLANE_C10D_MODULE="$C10D_MODULE" GRADLANE_PEERS="$peers" \
+      $py "$bench" c10d "${common[@]}" --master="${GL_IP[0]}:$port"
   fi
   for policy in ${POLICIES:-fifo bytescheduler prophet gradlane}; do
-    t0=$(cpu_ticks) s0=$(date +%s.%N)
-    for r in 0 1 2; do
-      gl_bg "$r" "gl-$policy.r$r" $py "$bench" gradlane "${common[@]}" --rank=$r \
-        --job="bench-$policy" --peers="$peers" --socket="${GL_SOCK[r]}" \
-        --policy="$policy" --out="$GL_TMP/gl-$policy.r$r.json"
-    done
-    for r in 0 1 2; do gl_wait "gl-$policy.r$r" 900 || { gl_show "gl-$policy.r$r" 20; exit 1; }; done
-    t1=$(cpu_ticks) s1=$(date +%s.%N)
-    cpu=$(awk -v a="$t0" -v b="$t1" -v s="$s0" -v e="$s1" -v hz="$(getconf CLK_TCK)" \
-      'BEGIN{printf "%.0f", (b - a) / hz / (e - s) * 100}')
-    report "$rate" gradlane "$policy" "$GL_TMP/gl-$policy.r0.json" "$cpu"
+    run_on_daemons "gl-$policy" gradlane "$policy" $py "$bench" gradlane "${common[@]}" \
+      --job="bench-$policy" --peers="$peers" --policy="$policy"
   done
 }
 

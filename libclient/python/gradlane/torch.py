@@ -386,12 +386,16 @@ class Trainer:
               self._buffers_posted < k <= self._buffers_posted + 1):
             # DDP's default: rank 0's buffers at the start of each training forward.
             self._wait(lambda: self._buffers_done >= k - 1, "buffer broadcast")
-            with torch.no_grad():
-                for _, flat, bs in self._buffer_slots:
-                    off = 0
-                    for b in bs:
-                        b.copy_(flat[off:off + b.numel()].view_as(b))
-                        off += b.numel()
+            self._unpack_buffers()
+
+    def _unpack_buffers(self):
+        """The last broadcast's result (rank 0's buffers) into the model's buffers."""
+        with torch.no_grad():
+            for _, flat, bs in self._buffer_slots:
+                off = 0
+                for b in bs:
+                    b.copy_(flat[off:off + b.numel()].view_as(b))
+                    off += b.numel()
 
     def _layer_waiter(self, module, own):
         name = self._module_names.get(id(module), type(module).__name__)
@@ -529,12 +533,7 @@ class Trainer:
         self._wait(lambda: all(e.updated >= last for e in self._params) and
                    (not self._buffer_slots or self._buffers_done >= last), "synchronize")
         if self._buffer_slots and last >= 0:
-            with torch.no_grad():
-                for _, flat, bs in self._buffer_slots:
-                    off = 0
-                    for b in bs:
-                        b.copy_(flat[off:off + b.numel()].view_as(b))
-                        off += b.numel()
+            self._unpack_buffers()
         # The optimizer's hyperparameters may now change: the next iterations snapshot them.
         self._shadow.param_groups = [dict(g) for g in self._opt.param_groups]
 
