@@ -4,8 +4,9 @@
 # with its stock all-reduce (gloo over the shaped links), then gradlane.torch under each
 # policy (one gradlaned per host, TCP). First the three ranks without communication: the
 # compute floor on this machine, against which DDP's communication share is read. ResNet-18 at 32x32, synthetic data. Prints one CSV
-# row per run and rank-0 figures: median and p90 iteration time, forward+backward time, the
-# daemons' CPU (% of one core, summed over the three), the most-stalled layers, load average.
+# row per run: median and p90 iteration time and median forward+backward time over every
+# rank's measured iterations, the daemons' CPU (% of one core, summed over the three), rank 0's
+# most-stalled layers (ms per iteration), the load average.
 #   tests/bench/torch_bench.sh BUILD_DIR [CSV]
 #   env: RATES ("1gbit 3gbit 10gbit"), POLICIES ("fifo bytescheduler prophet gradlane"),
 #        ITERS (30), WARMUP (5), BATCH (16), C10D_MODULE (the built gradlane/_c10d: adds
@@ -33,17 +34,20 @@ cpu_ticks() {  # summed utime+stime of the running daemons
   echo "$t"
 }
 
-report() {  # rate mode policy json cpu_pct
+report() {  # rate mode policy json-of-rank-0 cpu_pct: pools every rank's iterations
   $py - "$@" <<'PY'
 import json, os, statistics, sys
 rate, mode, policy, path, cpu = sys.argv[1:6]
-r = json.load(open(path))
-t = sorted(r["iteration_s"])
+# Every rank's iterations: in the "local" runs the ranks do not wait for each other, so one
+# rank's figures depend on when the others ran; in the distributed runs they are in step.
+ranks = [json.load(open(path.replace(".r0.", f".r{i}."))) for i in range(3)]
+r = ranks[0]
+t = sorted(x for q in ranks for x in q["iteration_s"])
 med = statistics.median(t) * 1e3
 p90 = t[min(len(t) - 1, int(round(0.9 * (len(t) - 1))))] * 1e3
-fb = statistics.median(r["forward_backward_s"]) * 1e3
+fb = statistics.median([x for q in ranks for x in q["forward_backward_s"]]) * 1e3
 stalls = sorted(r["forward_stall_s"].items(), key=lambda kv: -kv[1])[:3]
-n = len(t)
+n = len(r["iteration_s"])
 stall = " ".join(f"{k}:{v / n * 1e3:.1f}ms" for k, v in stalls)
 load = os.getloadavg()[0]
 print(f"{rate:>7} {mode:8} {policy:13} median {med:7.1f} ms  p90 {p90:7.1f} ms  "

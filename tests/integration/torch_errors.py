@@ -108,6 +108,19 @@ def main():
           [x.hex() for x in ref_losses] == [x.hex() for x in got_losses] and
           same(ref_state, got_state))
 
+    # Parameter names past the daemon's 127 bytes are shortened the same way on every rank.
+    long_model = nn.Sequential()
+    long_model.add_module("a" * 140, nn.Linear(12, 4))
+    long_opt = torch.optim.SGD(long_model.parameters(), lr=0.1)
+    trainer = gltorch.distribute(long_model, long_opt, **job_kwargs())
+    before = [p.detach().clone() for p in long_model.parameters()]
+    for x, y in batches(2):
+        F.cross_entropy(long_model(x), y).backward()
+        long_opt.step()
+    trainer.close()
+    check("a 140-character parameter name trains",
+          all(not torch.equal(a, b) for a, b in zip(before, long_model.parameters())))
+
     # A second backward in one iteration (micro-batch accumulation).
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -50,6 +50,7 @@ Guarantees and rules:
 
 import atexit
 import ctypes
+import hashlib
 import os
 import threading
 import time
@@ -126,6 +127,15 @@ def _arena_tensor(handle, dtype, count):
     so no such tensor may be used after it (Trainer.close() gives parameters their own .grad)."""
     raw = (ctypes.c_char * handle.nbytes).from_address(handle.address)
     return torch.frombuffer(raw, dtype=dtype, count=count)
+
+
+def _tensor_name(name):
+    """The daemon's name for a parameter: the parameter's own, or for one longer than the
+    daemon takes (127 bytes), its head and a hash of the whole (the same on every rank)."""
+    raw = name.encode()
+    if len(raw) < 128:
+        return name
+    return raw[:100].decode(errors="ignore") + "#" + hashlib.sha1(raw).hexdigest()[:16]
 
 
 def _arena_bytes(tensors):
@@ -353,14 +363,14 @@ class Trainer:
         for e in sorted(self._params, key=lambda x: x.order):
             p = e.param
             e.handle = self._client.register_tensor(
-                e.name, p.numel() * p.element_size(), _DTYPES[p.dtype], priority=1 + e.order)
+                _tensor_name(e.name), p.numel() * p.element_size(), _DTYPES[p.dtype],
+                priority=1 + e.order)
             self._by_tid[e.handle.id] = e
             e.grad = _arena_tensor(e.handle, p.dtype, p.numel()).view_as(p)
             with torch.no_grad():
-                if p.grad is not None:
-                    e.grad.copy_(p.grad)  # a gradient from before distribute(): accumulated
-                else:
-                    e.grad.zero_()
+                # A gradient left from before distribute() is dropped, as the user's
+                # zero_grad() (a no-op from now on) would have dropped it.
+                e.grad.zero_()
             p.grad = e.grad
             # p.expand_as(p) is a view whose grad_fn's next function is p's AccumulateGrad.
             e.node = p.expand_as(p).grad_fn.next_functions[0][0]
