@@ -32,7 +32,13 @@ def _load():
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
-    from gradlane import _c10d  # noqa: PLC0415 — installed beside this file
+    try:
+        from gradlane import _c10d  # noqa: PLC0415 — installed beside this file
+    except ImportError as e:
+        raise ImportError(
+            "gradlane.c10d: the backend's extension module (gradlane/_c10d) is not installed: "
+            "build gradlane with meson -Dtorch=enabled (Debian: libtorch-dev, pybind11-dev, "
+            "python3-dev) and install it, or set GRADLANE_C10D_MODULE to the built file") from e
     return _c10d
 
 
