@@ -9,7 +9,8 @@
 #   - the plugin's own rules at W = 1 (torch_errors.py): equal to local training, clear errors
 #     for what breaks the scheme;
 #   - the kill -9 case: a daemon dies mid-training; every rank must end with a TrainingError
-#     (exit 3) within 2 x peer_timeout + 10 s (torch start-up included), none may hang.
+#     (exit 3) within 2 x peer_timeout + 10 s (torch start-up included), none may hang; the
+#     same for DDP over the c10d backend (a RuntimeError naming the gradlane backend).
 #   - an unchanged DDP script over the c10d backend "gradlane" (import gradlane.c10d;
 #     init_process_group("gradlane")): bit-identical to DDP + gloo with a hook doing what the
 #     reducer does before a summing backend (x 1/W, then the rank-ordered sum); and each
@@ -168,29 +169,46 @@ for r in 0 1 2; do
     --peers="$peers" --socket="${GL_SOCK[r]}" --policy=bytescheduler --iterations=100000 \
     --out="$GL_TMP/doomed.r$r.pt" --progress_file="$GL_TMP/doomed.r$r.progress"
 done
-for ((w = 0; w < 1200; w++)); do
-  [[ $(cat "$GL_TMP/doomed.r0.progress" 2>/dev/null || echo -1) -ge 5 ]] && break
-  kill -0 "${GL_PID[doomed.r0]}" 2>/dev/null || break
-  sleep 0.1
+doomed=(doomed)
+if [[ -n $c10d_module ]]; then  # the same fault under DDP over the c10d backend
+  doomed+=(doomed-c10d)
+  port=$((port + 1))
+  for r in 0 1 2; do
+    gl_bg "$r" "doomed-c10d.r$r" env GRADLANE_C10D_MODULE="$c10d_module" \
+      GRADLANE_SOCKET="${GL_SOCK[r]}" GRADLANE_PEERS="$peers" "$py" "$train" c10d --rank=$r \
+      --world=3 --master="${GL_IP[0]}:$port" --iterations=100000 \
+      --out="$GL_TMP/doomed-c10d.r$r.pt" --progress_file="$GL_TMP/doomed-c10d.r$r.progress"
+  done
+fi
+for name in "${doomed[@]}"; do
+  for ((w = 0; w < 1200; w++)); do
+    [[ $(cat "$GL_TMP/$name.r0.progress" 2>/dev/null || echo -1) -ge 5 ]] && break
+    kill -0 "${GL_PID[$name.r0]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  [[ $(cat "$GL_TMP/$name.r0.progress" 2>/dev/null || echo -1) -ge 5 ]] ||
+    { gl_show "$name.r0" 20; echo "FAIL: job $name never reached iteration 5" >&2; exit 1; }
 done
-[[ $(cat "$GL_TMP/doomed.r0.progress" 2>/dev/null || echo -1) -ge 5 ]] ||
-  { gl_show doomed.r0 20; echo "FAIL: the doomed job never reached iteration 5" >&2; exit 1; }
 gl_daemon_stop 2 KILL || true
 t0=$SECONDS
 bound=$((2 * pt + 10))
-for r in 0 1 2; do
-  rc[r]=0
-  gl_wait "doomed.r$r" $((bound - (SECONDS - t0) > 1 ? bound - (SECONDS - t0) : 1)) || rc[r]=$?
+for name in "${doomed[@]}"; do
+  want='^TrainingError: '
+  [[ $name == doomed-c10d ]] && want='^GradlaneBackendError: '
+  for r in 0 1 2; do
+    rc[r]=0
+    gl_wait "$name.r$r" $((bound - (SECONDS - t0) > 1 ? bound - (SECONDS - t0) : 1)) || rc[r]=$?
+  done
+  for r in 0 1 2; do
+    if ((rc[r] != 3)) || ! grep -q "$want" "$GL_TMP/$name.r$r.err"; then
+      gl_show "$name.r$r" 20
+      echo "FAIL: $name rank $r after kill -9 of daemon 2: exit ${rc[r]} (want 3 and" \
+        "'${want#^}' within ${bound} s)" >&2
+      exit 1
+    fi
+    echo "$name rank $r: $(grep -m1 "$want" "$GL_TMP/$name.r$r.err")"
+  done
 done
-for r in 0 1 2; do
-  if ((rc[r] != 3)) || ! grep -q '^TrainingError: ' "$GL_TMP/doomed.r$r.err"; then
-    gl_show "doomed.r$r" 20
-    echo "FAIL: rank $r after kill -9 of daemon 2: exit ${rc[r]} (want 3, a TrainingError" \
-      "within ${bound} s)" >&2
-    exit 1
-  fi
-  echo "rank $r: $(grep -m1 '^TrainingError: ' "$GL_TMP/doomed.r$r.err")"
-done
-echo "every rank raised TrainingError within $((SECONDS - t0)) s of kill -9 of daemon 2"
+echo "every rank of ${doomed[*]} failed clearly within $((SECONDS - t0)) s of kill -9 of daemon 2"
 for i in 0 1; do gl_daemon_alive "$i" || { echo "FAIL: daemon $i died" >&2; exit 1; }; done
 echo "PASS torch_exact ($GL_MODE)"

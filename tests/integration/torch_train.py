@@ -11,7 +11,8 @@ Both modes compute the same thing: every rank seeds its model differently (the i
 broadcast must make them equal), takes its own slice of each batch, and the gradients are the
 rank-ordered sum divided by W (DDP gets a communication hook doing exactly that: gloo's own
 all-reduce sums in an order of its choosing). A gradlane failure ends the process with exit
-code 3 and the TrainingError on stderr (the kill -9 case)."""
+code 3 and the TrainingError on stderr (the kill -9 case); over the c10d backend, the
+RuntimeError naming the gradlane backend, as "GradlaneBackendError: ..."."""
 import argparse
 import gzip
 import os
@@ -228,10 +229,13 @@ def main():
     try:
         train(args)
     except Exception as e:  # noqa: BLE001 — the kill case: report and exit 3
-        if type(e).__name__ != "TrainingError":
-            raise
-        print(f"TrainingError: {e}", file=sys.stderr, flush=True)
-        return 3
+        if type(e).__name__ == "TrainingError":
+            print(f"TrainingError: {e}", file=sys.stderr, flush=True)
+            return 3
+        if args.mode == "c10d" and "gradlane backend" in str(e):
+            print(f"GradlaneBackendError: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+            return 3
+        raise
     return 0
 
 
