@@ -544,8 +544,6 @@ class Trainer:
                    (not self._buffer_slots or self._buffers_done >= last), "synchronize")
         if self._buffer_slots and last >= 0:
             self._unpack_buffers()
-        # The optimizer's hyperparameters may now change: the next iterations snapshot them.
-        self._shadow.param_groups = [dict(g) for g in self._opt.param_groups]
 
     @property
     def iteration(self):
