@@ -34,11 +34,9 @@ void LogLine(const std::string& line) {
   std::fprintf(stderr, "%s.%03ld gradlaned: %s\n", stamp, ts.tv_nsec / 1000000, line.c_str());
 }
 
-template <class T>
-Engine<T>::Engine(const EngineOptions& options) : options_(options) {}
+Engine::Engine(const EngineOptions& options) : options_(options) {}
 
-template <class T>
-absl::StatusOr<std::unique_ptr<Engine<T>>> Engine<T>::Create(const EngineOptions& options,
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
                                                              const TransportFactory& make) {
   if (options.default_policy.empty()) return absl::InvalidArgumentError("empty default policy");
   {
@@ -49,7 +47,7 @@ absl::StatusOr<std::unique_ptr<Engine<T>>> Engine<T>::Create(const EngineOptions
     auto p = sched::MakePolicy(pc);
     if (!p.ok()) return p.status();
   }
-  auto engine = std::unique_ptr<Engine<T>>(new Engine<T>(options));
+  auto engine = std::unique_ptr<Engine>(new Engine(options));
   auto server = SessionServer::Create(options.sessions, engine.get());
   if (!server.ok()) {
     return absl::Status(server.status().code(),
@@ -62,6 +60,7 @@ absl::StatusOr<std::unique_ptr<Engine<T>>> Engine<T>::Create(const EngineOptions
   auto t = make(topt, engine.get());
   if (!t.ok()) return t.status();
   engine->transport_ = std::move(*t);
+  engine->hands_over_pieces_ = engine->transport_->capabilities().hands_over_pieces;
   auto port = engine->transport_->Listen_st();
   if (!port.ok()) {
     return absl::Status(port.status().code(),
@@ -72,14 +71,12 @@ absl::StatusOr<std::unique_ptr<Engine<T>>> Engine<T>::Create(const EngineOptions
   return engine;
 }
 
-template <class T>
-Engine<T>::~Engine() {
+Engine::~Engine() {
   Shutdown_st();
   if (sleep_epoll_ >= 0) ::close(sleep_epoll_);
 }
 
-template <class T>
-EngineStats Engine<T>::Stats() const {
+EngineStats Engine::Stats() const {
   EngineStats s;
   s.jobs_active = counters_.jobs_active.Get();
   s.jobs_failed = counters_.jobs_failed.Get();
@@ -99,8 +96,7 @@ EngineStats Engine<T>::Stats() const {
 
 // ------------------------------------------------------------------------------ the loop ----
 
-template <class T>
-int Engine<T>::PollOnce_st(TimeNs now) {
+int Engine::PollOnce_st(TimeNs now) {
   if (shut_down_) return 0;
   int work = server_->PollOnce(now);
   work += transport_->Progress_st(now, 0);
@@ -115,8 +111,7 @@ int Engine<T>::PollOnce_st(TimeNs now) {
   return work;
 }
 
-template <class T>
-void Engine<T>::Run(const std::atomic<bool>& stop) {
+void Engine::Run(const std::atomic<bool>& stop) {
   int idle = 0;
   while (!stop.load(std::memory_order_acquire)) {
     const TimeNs now = SessionServer::MonotonicNow();
@@ -130,19 +125,15 @@ void Engine<T>::Run(const std::atomic<bool>& stop) {
   Shutdown_st();
 }
 
-template <class T>
-void Engine<T>::Sleep_st() {
+void Engine::Sleep_st() {
   int timeout_ms = options_.idle_wait_ms;
-  if constexpr (requires(T& t) {
-                  { t.epoll_fd() } -> std::same_as<int>;
-                  { t.HasDeferredWork_st() } -> std::same_as<bool>;
-                }) {
+  if (const int transport_fd = transport_->capabilities().wait_fd; transport_fd >= 0) {
     // One epoll over both: a client's doorbell or a peer's bytes end the sleep at once, so an
     // idle daemon reacts to either in microseconds, not at the next tick. The tick
     // (idle_wait_ms) still bounds the sleep for timers: policy wake-ups, housekeeping.
     if (sleep_epoll_ < 0) {
       sleep_epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
-      for (int fd : {server_->wait_fd(), transport_->epoll_fd()}) {
+      for (int fd : {server_->wait_fd(), transport_fd}) {
         epoll_event ev{};
         ev.events = EPOLLIN;
         ev.data.fd = fd;
@@ -164,8 +155,7 @@ void Engine<T>::Sleep_st() {
   transport_->Progress_st(SessionServer::MonotonicNow(), timeout_ms);
 }
 
-template <class T>
-void Engine<T>::Shutdown_st() {
+void Engine::Shutdown_st() {
   if (shut_down_) return;
   shut_down_ = true;
   if (transport_ == nullptr) {
@@ -184,8 +174,7 @@ void Engine<T>::Shutdown_st() {
   server_.reset();  // closes every session, unmaps every arena, unlinks the socket
 }
 
-template <class T>
-void Engine<T>::Housekeeping_st(TimeNs now) {
+void Engine::Housekeeping_st(TimeNs now) {
   if (options_.telemetry != nullptr) PublishTelemetry_st(now);
   for (auto& jp : jobs_) {
     if (jp == nullptr) continue;
@@ -248,8 +237,7 @@ void Engine<T>::Housekeeping_st(TimeNs now) {
 
 // ---------------------------------------------------------------------- job lifecycle ----
 
-template <class T>
-bool Engine<T>::EndJob_st(Job& job, TimeNs now) {
+bool Engine::EndJob_st(Job& job, TimeNs now) {
   if (job.failed || job.posts_pending > 0 || job.world == 1) return true;
   if (job.phase == Job::Phase::kActive) {
     job.phase = Job::Phase::kDraining;
@@ -284,8 +272,7 @@ bool Engine<T>::EndJob_st(Job& job, TimeNs now) {
   return job.leave_acks_pending == 0 || now >= job.drain_deadline;
 }
 
-template <class T>
-Job* Engine<T>::ActivateJob_st(Session& session, TimeNs now) {
+Job* Engine::ActivateJob_st(Session& session, TimeNs now) {
   uint32_t slot = 0;
   while (slot < jobs_.size() && jobs_[slot] != nullptr) ++slot;
   if (slot >= kMaxJobs) return nullptr;
@@ -305,8 +292,7 @@ Job* Engine<T>::ActivateJob_st(Session& session, TimeNs now) {
   return &job;
 }
 
-template <class T>
-JobError Engine<T>::SetUpJob_st(Session& session, Job& job, TimeNs now) {
+JobError Engine::SetUpJob_st(Session& session, Job& job, TimeNs now) {
   JobError err = BuildJobPlan(session, options_.default_policy, options_.partition_bytes,
                               options_.reduce, &job);
   if (err.status != GL_OK) return err;
@@ -402,8 +388,7 @@ JobError Engine<T>::SetUpJob_st(Session& session, Job& job, TimeNs now) {
   return {};
 }
 
-template <class T>
-void Engine<T>::ConnectPeer_st(Job& job, uint16_t rank, TimeNs now) {
+void Engine::ConnectPeer_st(Job& job, uint16_t rank, TimeNs now) {
   JobPeer& p = job.peers[rank];
   transport::JobCredentials creds{job.wire_id, job.rank, job.world, job.info.auth_token};
   auto h = transport_->Connect_st(creds, p.address, now);
@@ -419,8 +404,7 @@ void Engine<T>::ConnectPeer_st(Job& job, uint16_t rank, TimeNs now) {
   out_handles_[*h] = OutHandle{job.slot, job.generation, rank};
 }
 
-template <class T>
-void Engine<T>::FailJob_st(Job& job, gl_status status, const std::string& reason) {
+void Engine::FailJob_st(Job& job, gl_status status, const std::string& reason) {
   if (job.failed) return;
   job.failed = true;
   // Housekeeping stops accepting peers for it before this loop round ends (not up to a tick
@@ -462,8 +446,7 @@ void Engine<T>::FailJob_st(Job& job, gl_status status, const std::string& reason
   job.policy.reset();
 }
 
-template <class T>
-std::string Engine<T>::DepartureReason(const Job& job, int64_t iteration, int left_rank) const {
+std::string Engine::DepartureReason(const Job& job, int64_t iteration, int left_rank) const {
   if (left_rank >= 0) {
     return absl::StrCat("job ", job.info.job_id, ": rank ", left_rank, " left the job; iteration ",
                         iteration, " cannot be reduced without it");
@@ -482,17 +465,13 @@ std::string Engine<T>::DepartureReason(const Job& job, int64_t iteration, int le
                       " cannot be reduced without it");
 }
 
-template <class T>
-void Engine<T>::RemoveFromTransport_st(Job& job) {
+void Engine::RemoveFromTransport_st(Job& job) {
   if (!job.added_to_transport) return;
   job.added_to_transport = false;
-  if constexpr (requires(T& t) { t.RemoveJob_st(uint64_t{0}); }) {
-    (void)transport_->RemoveJob_st(job.wire_id);
-  }
+  (void)transport_->RemoveJob_st(job.wire_id);
 }
 
-template <class T>
-void Engine<T>::ReleaseJob_st(Job& job) {
+void Engine::ReleaseJob_st(Job& job) {
   FailJob_st(job, GL_E_DISCONNECTED, "released");
   // Every send from these regions was failed by Disconnect_st, so they can go.
   for (transport::RegionId* r : {&job.arena_region, &job.slab_region, &job.manifest_region,
@@ -522,30 +501,26 @@ void Engine<T>::ReleaseJob_st(Job& job) {
   ::malloc_trim(0);
 }
 
-template <class T>
-Job* Engine<T>::JobFromCookie(uint64_t cookie) {
+Job* Engine::JobFromCookie(uint64_t cookie) {
   const uint32_t slot = CookieSlot(cookie);
   if (slot >= jobs_.size() || jobs_[slot] == nullptr) return nullptr;
   Job* j = jobs_[slot].get();
   return (j->generation & 0xFFFu) == CookieGeneration(cookie) ? j : nullptr;
 }
 
-template <class T>
-Job* Engine<T>::JobByWire(uint64_t wire_id) {
+Job* Engine::JobByWire(uint64_t wire_id) {
   auto it = job_by_wire_.find(wire_id);
   return it == job_by_wire_.end() ? nullptr : jobs_[it->second].get();
 }
 
-template <class T>
-Part* Engine<T>::PartAt(Job& job, uint32_t tensor_id, uint64_t offset) {
+Part* Engine::PartAt(Job& job, uint32_t tensor_id, uint64_t offset) {
   if (tensor_id >= job.tensors.size()) return nullptr;
   const JobTensor& t = job.tensors[tensor_id];
   if (offset >= t.spec.bytes) return nullptr;
   return &job.parts[t.first_part + t.plan.PartitionOf(offset)];
 }
 
-template <class T>
-void Engine<T>::Complete_st(const PostDescriptor& post, gl_status status) {
+void Engine::Complete_st(const PostDescriptor& post, gl_status status) {
   if (status == GL_OK) {
     counters_.posts_completed.Add_st(1);
   } else {
@@ -559,8 +534,7 @@ void Engine<T>::Complete_st(const PostDescriptor& post, gl_status status) {
 
 // ------------------------------------------------------------------ transport callbacks ----
 
-template <class T>
-void Engine<T>::OnPeerUp_st(const transport::PeerInfo& peer) {
+void Engine::OnPeerUp_st(const transport::PeerInfo& peer) {
   auto it = out_handles_.find(peer.handle);
   if (it == out_handles_.end()) {
     // Inbound: the peer sends on it, we only receive; remembered so a failing job can close it
@@ -594,8 +568,7 @@ void Engine<T>::OnPeerUp_st(const transport::PeerInfo& peer) {
   }
 }
 
-template <class T>
-void Engine<T>::OnPeerDown_st(const transport::PeerInfo& peer, const absl::Status& why) {
+void Engine::OnPeerDown_st(const transport::PeerInfo& peer, const absl::Status& why) {
   const TimeNs now = SessionServer::MonotonicNow();
   if (auto it = out_handles_.find(peer.handle); it != out_handles_.end()) {
     const OutHandle oh = it->second;
@@ -647,8 +620,7 @@ void Engine<T>::OnPeerDown_st(const transport::PeerInfo& peer, const absl::Statu
                           " lost: ", why.message()));
 }
 
-template <class T>
-void Engine<T>::OnSendAcked_st(const transport::SendCompletion& send, TimeNs now) {
+void Engine::OnSendAcked_st(const transport::SendCompletion& send, TimeNs now) {
   Job* job = JobFromCookie(send.cookie);
   // A failed job has no policy and no rounds: a late ack has nothing left to update.
   if (job == nullptr || job->failed) return;
@@ -684,8 +656,7 @@ void Engine<T>::OnSendAcked_st(const transport::SendCompletion& send, TimeNs now
   ReturnDispatch_st(*job, CookieDispatch(send.cookie), now);
 }
 
-template <class T>
-void Engine<T>::OnSendFailed_st(const transport::SendCompletion& send, const absl::Status& why) {
+void Engine::OnSendFailed_st(const transport::SendCompletion& send, const absl::Status& why) {
   Job* job = JobFromCookie(send.cookie);
   if (job == nullptr || job->failed) return;
   if ((send.cookie & kCookieLeave) != 0) {
@@ -704,8 +675,7 @@ void Engine<T>::OnSendFailed_st(const transport::SendCompletion& send, const abs
                           ", iteration ", send.iteration, ") failed: ", why.message()));
 }
 
-template <class T>
-RecvTarget Engine<T>::ResolveRecv_st(const transport::PeerInfo& peer,
+RecvTarget Engine::ResolveRecv_st(const transport::PeerInfo& peer,
                                      const transport::FrameHeader& h) {
   Job* job = JobByWire(peer.job_id);
   const uint32_t r = peer.rank;
@@ -756,7 +726,7 @@ RecvTarget Engine<T>::ResolveRecv_st(const transport::PeerInfo& peer,
     const uint64_t slot_offset = o.slab_offset + uint64_t{r} * p->length + (h.offset - p->offset);
     // A backend that hands packets over gives every push to OnRecvPiece_st, which folds or
     // places each piece.
-    if constexpr (transport::kHandsOverPieces<T>) return RecvTarget::Pieces(job->slab_region, slot_offset, cookie);
+    if (hands_over_pieces_) return RecvTarget::Pieces(job->slab_region, slot_offset, cookie);
     return RecvTarget::Into(job->slab_region, slot_offset, cookie);
   }
   // A pull response: only from the partition's shard, for the round we wait for.
@@ -768,8 +738,7 @@ RecvTarget Engine<T>::ResolveRecv_st(const transport::PeerInfo& peer,
   return RecvTarget::Into(job->arena_region, t.arena_offset + h.offset, cookie);
 }
 
-template <class T>
-void Engine<T>::OnRecvDone_st(const transport::PeerInfo& peer, const transport::FrameHeader& h,
+void Engine::OnRecvDone_st(const transport::PeerInfo& peer, const transport::FrameHeader& h,
                               const RecvTarget& target, TimeNs now) {
   Job* job = JobFromCookie(target.cookie);
   if (job == nullptr || job->failed) return;
@@ -844,10 +813,5 @@ void Engine<T>::OnRecvDone_st(const transport::PeerInfo& peer, const transport::
   if (p->result_got == p->length) PartResultReady_st(*job, static_cast<uint32_t>(p - job->parts.data()));
 }
 
-// Members defined in this file (the class's explicit instantiation covers exactly those);
-// worker_role.cc, ps_role.cc and engine_sched.cc instantiate theirs.
-#define GRADLANE_INSTANTIATE(T) template class Engine<T>;
-GRADLANE_ENGINE_FOR_EACH_TRANSPORT(GRADLANE_INSTANTIATE)
-#undef GRADLANE_INSTANTIATE
 
 }  // namespace gradlane::daemon

@@ -1,7 +1,7 @@
 // daemon/engine.h — gradlaned's engine: client rings → per-job scheduling policy → transport,
 // and the co-located parameter-server roles (docs/design.md §2, §4).
 //
-// One Engine owns one SessionServer (client sessions), one transport (a compile-time backend:
+// One Engine owns one SessionServer (client sessions), one transport (transport::Transport:
 // TcpTransport or DpdkTransport in the daemon, FakeTransport in tests) and every job of this
 // daemon. Per job:
 //   worker role  a client post is cut at the engine's partition boundaries; pieces this rank's
@@ -97,10 +97,9 @@ struct EngineStats {
   uint64_t tuner_trials = 0;
 };
 
-template <class T>
 class Engine final : public PostSink, public transport::TransportHandler {
  public:
-  using TransportFactory = std::function<absl::StatusOr<std::unique_ptr<T>>(
+  using TransportFactory = std::function<absl::StatusOr<std::unique_ptr<transport::Transport>>(
       const transport::TransportOptions&, transport::TransportHandler*)>;
 
   // Binds the client socket, creates the transport and starts listening for peers. Errors
@@ -124,7 +123,7 @@ class Engine final : public PostSink, public transport::TransportHandler {
   void Shutdown_st();
 
   EngineStats Stats() const;
-  T& transport() { return *transport_; }
+  transport::Transport& transport() { return *transport_; }
   SessionServer& sessions() { return *server_; }
 
   // PostSink (engine thread, from inside SessionServer::PollOnce).
@@ -205,7 +204,8 @@ class Engine final : public PostSink, public transport::TransportHandler {
 
   const EngineOptions options_;
   std::unique_ptr<SessionServer> server_;
-  std::unique_ptr<T> transport_;
+  std::unique_ptr<transport::Transport> transport_;
+  bool hands_over_pieces_ = false;  // transport_->capabilities(), read once
   uint16_t listen_port_ = 0;
   bool shut_down_ = false;
   int sleep_epoll_ = -1;  // client events + transport sockets, created on the first idle sleep

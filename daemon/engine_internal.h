@@ -1,6 +1,6 @@
 // daemon/engine_internal.h — pieces shared by the engine's implementation files (engine.cc,
 // worker_role.cc, ps_role.cc, engine_sched.cc, engine_telemetry.cc): send/receive cookies,
-// status mapping, the online tuner's state, and the explicit-instantiation list. Not for use
+// status mapping and the online tuner's state. Not for use
 // outside daemon/.
 #ifndef GRADLANE_DAEMON_ENGINE_INTERNAL_H_
 #define GRADLANE_DAEMON_ENGINE_INTERNAL_H_
@@ -10,9 +10,6 @@
 #include "absl/status/status.h"
 #include "daemon/engine.h"
 #include "sched/bo_tuner.h"
-#include "transport/fake/fake_transport.h"
-#include "transport/tcp/tcp_transport.h"
-#include "transport/dpdk/dpdk_transport.h"
 
 namespace gradlane::daemon {
 namespace engine_internal {
@@ -64,8 +61,7 @@ inline constexpr TimeNs kEstimateInterval = 10 * sched::kMillisecond;
 
 // Online tuning of the bytescheduler credit window (ByteScheduler §4.3): one trial spans
 // `autotune_iterations_per_trial` iterations; its speed is bytes posted per second of wall time.
-template <class T>
-struct Engine<T>::Tuner {
+struct Engine::Tuner {
   sched::BoTuner tuner;
   sched::TunerParams trial;
   int iterations = 0;
@@ -75,18 +71,6 @@ struct Engine<T>::Tuner {
   bool pending_apply = false;
 };
 
-// The backends the engine is built for: each implementation file instantiates its members
-// for every one of them.
-#ifdef GRADLANE_HAVE_DPDK
-#define GRADLANE_ENGINE_FOR_EACH_TRANSPORT(X) \
-  X(transport::tcp::TcpTransport)              \
-  X(transport::fake::FakeTransport)            \
-  X(transport::dpdk::DpdkTransport)
-#else
-#define GRADLANE_ENGINE_FOR_EACH_TRANSPORT(X) \
-  X(transport::tcp::TcpTransport)              \
-  X(transport::fake::FakeTransport)
-#endif
 
 }  // namespace gradlane::daemon
 

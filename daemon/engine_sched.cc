@@ -19,8 +19,7 @@ using namespace engine_internal;  // NOLINT: cookies and status helpers of this 
 
 // -------------------------------------------------------------------------- scheduling ----
 
-template <class T>
-int Engine<T>::RunPolicy_st(Job& job, TimeNs now) {
+int Engine::RunPolicy_st(Job& job, TimeNs now) {
   if (!job.all_up && job.world > 1) return 0;  // nothing goes before every peer is up
   int work = 0;
   if (job.blocked_dispatch != kNoDispatch) {
@@ -56,8 +55,7 @@ int Engine<T>::RunPolicy_st(Job& job, TimeNs now) {
   return work;
 }
 
-template <class T>
-bool Engine<T>::SendDispatch_st(Job& job, uint32_t d, size_t from, TimeNs now) {
+bool Engine::SendDispatch_st(Job& job, uint32_t d, size_t from, TimeNs now) {
   const auto& segments = job.dispatch.segments;
   for (size_t i = from; i < segments.size(); ++i) {
     const sched::Segment& seg = segments[i];
@@ -127,8 +125,7 @@ bool Engine<T>::SendDispatch_st(Job& job, uint32_t d, size_t from, TimeNs now) {
   return true;
 }
 
-template <class T>
-void Engine<T>::ReturnDispatch_st(Job& job, uint32_t d, TimeNs now) {
+void Engine::ReturnDispatch_st(Job& job, uint32_t d, TimeNs now) {
   if (d >= job.dispatches.size()) return;
   DispatchRecord& rec = job.dispatches[d];
   if (rec.remaining == 0 || --rec.remaining > 0) return;
@@ -136,8 +133,7 @@ void Engine<T>::ReturnDispatch_st(Job& job, uint32_t d, TimeNs now) {
   job.free_dispatches.push_back(d);
 }
 
-template <class T>
-void Engine<T>::TuneStep_st(Job& job, TimeNs now) {
+void Engine::TuneStep_st(Job& job, TimeNs now) {
   auto it = tuners_.find(job.slot);
   if (it == tuners_.end()) return;
   Tuner& tu = *it->second;
@@ -179,12 +175,5 @@ void Engine<T>::TuneStep_st(Job& job, TimeNs now) {
   tu.iterations = 0;
 }
 
-#define GRADLANE_INSTANTIATE(T) \
-  template int Engine<T>::RunPolicy_st(Job&, sched::TimeNs); \
-  template bool Engine<T>::SendDispatch_st(Job&, uint32_t, size_t, sched::TimeNs); \
-  template void Engine<T>::ReturnDispatch_st(Job&, uint32_t, sched::TimeNs); \
-  template void Engine<T>::TuneStep_st(Job&, sched::TimeNs);
-GRADLANE_ENGINE_FOR_EACH_TRANSPORT(GRADLANE_INSTANTIATE)
-#undef GRADLANE_INSTANTIATE
 
 }  // namespace gradlane::daemon

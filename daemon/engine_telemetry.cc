@@ -9,8 +9,7 @@
 
 namespace gradlane::daemon {
 
-template <class T>
-void Engine<T>::PublishTelemetry_st(sched::TimeNs now) {
+void Engine::PublishTelemetry_st(sched::TimeNs now) {
   Telemetry& tm = *options_.telemetry;
   if (!tm.Tick_st(now)) return;
   EngineSnapshot& s = tm.SnapshotBack_st();
@@ -96,8 +95,5 @@ void Engine<T>::PublishTelemetry_st(sched::TimeNs now) {
   tm.PublishSnapshot_st();
 }
 
-#define GRADLANE_INSTANTIATE(T) template void Engine<T>::PublishTelemetry_st(sched::TimeNs);
-GRADLANE_ENGINE_FOR_EACH_TRANSPORT(GRADLANE_INSTANTIATE)
-#undef GRADLANE_INSTANTIATE
 
 }  // namespace gradlane::daemon

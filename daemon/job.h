@@ -114,7 +114,7 @@ struct OwnedPart {
   uint64_t pulls_pending = 0;  // bytes of pull sends from the result slot not yet acked
   bool reduce_deferred = false;
   // The rank whose pushes this round are folded into the result piece by piece as they arrive
-  // (a backend with kHandsOverPieces), -1 if none. Chosen at the first of its pieces that
+  // (a backend whose capabilities hand over pieces), -1 if none. Chosen at the first of its pieces that
   // arrives, in order, once every other contribution is complete and no pull still reads the
   // result slot: what it placed before is reduced from its slot then, each later piece at once,
   // so the end-of-round reduction is already done when its last byte lands.

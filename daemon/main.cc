@@ -33,7 +33,8 @@
 
 namespace {
 
-using Engine = gradlane::daemon::Engine<gradlane::transport::tcp::TcpTransport>;
+using gradlane::daemon::Engine;
+using TransportOrError = absl::StatusOr<std::unique_ptr<gradlane::transport::Transport>>;
 
 [[noreturn]] void Die(const std::string& why) {
   std::fprintf(stderr, "gradlaned: error: %s\n", why.c_str());
@@ -93,11 +94,27 @@ int main(int argc, char** argv) {
     options->transport.listen_address = transport->dpdk.ip;
   }
 
-  // The rest is the same for every backend; `engine` is Engine<T> of the chosen one.
-  auto serve = [&](auto engine) -> int {
-    using EngineT = typename std::remove_reference_t<decltype(**engine)>;
+  // The backend is chosen here; the rest is the same for every one.
+  Engine::TransportFactory make_transport = [](const gradlane::transport::TransportOptions& o,
+                                               gradlane::transport::TransportHandler* h)
+      -> TransportOrError { return gradlane::transport::tcp::TcpTransport::Create(o, h); };
+  if (transport->name == "dpdk") {
+#ifdef GRADLANE_HAVE_DPDK
+    make_transport = [dpdk = transport->dpdk](const gradlane::transport::TransportOptions& o,
+                                              gradlane::transport::TransportHandler* h)
+        -> TransportOrError {
+      auto t = gradlane::transport::dpdk::DpdkTransport::Create(o, dpdk, h);
+      if (t.ok()) gradlane::daemon::LogLine((*t)->Describe());
+      return t;
+    };
+#else
+    Die("--transport=dpdk: this gradlaned was built without DPDK (meson -Ddpdk=enabled, libdpdk-dev)");
+#endif
+  }
+  {
+    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*options, make_transport);
     if (!engine.ok()) Die(std::string(engine.status().message()));
-    EngineT* e = engine->get();
+    Engine* e = engine->get();
     gradlane::daemon::HubSources sources;
     sources.telemetry = &telemetry;
     sources.engine_stats = [e] { return e->Stats(); };
@@ -166,24 +183,5 @@ int main(int argc, char** argv) {
     }
     engine->reset();
     return 0;
-  };
-  if (transport->name == "dpdk") {
-#ifdef GRADLANE_HAVE_DPDK
-    const gradlane::transport::dpdk::DpdkOptions dpdk = transport->dpdk;
-    return serve(gradlane::daemon::Engine<gradlane::transport::dpdk::DpdkTransport>::Create(
-        *options, [&dpdk](const gradlane::transport::TransportOptions& o,
-                          gradlane::transport::TransportHandler* h) {
-          auto t = gradlane::transport::dpdk::DpdkTransport::Create(o, dpdk, h);
-          if (t.ok()) gradlane::daemon::LogLine((*t)->Describe());
-          return t;
-        }));
-#else
-    Die("--transport=dpdk: this gradlaned was built without DPDK (meson -Ddpdk=enabled, libdpdk-dev)");
-#endif
   }
-  return serve(Engine::Create(
-      *options, [](const gradlane::transport::TransportOptions& o,
-                   gradlane::transport::TransportHandler* h) {
-        return gradlane::transport::tcp::TcpTransport::Create(o, h);
-      }));
 }

@@ -20,8 +20,7 @@ using namespace engine_internal;  // NOLINT: cookies and status helpers of this 
 
 // -------------------------------------------------------------------------- shard role ----
 
-template <class T>
-bool Engine<T>::ShardAccept_st(Job& job, OwnedPart& o, uint32_t rank, int64_t iteration,
+bool Engine::ShardAccept_st(Job& job, OwnedPart& o, uint32_t rank, int64_t iteration,
                                uint64_t length) {
   const Part& p = job.parts[o.part];
   uint64_t* got = &job.owned_got[static_cast<size_t>(&o - job.owned.data()) * job.world];
@@ -54,13 +53,11 @@ bool Engine<T>::ShardAccept_st(Job& job, OwnedPart& o, uint32_t rank, int64_t it
   return true;
 }
 
-template <class T>
-void Engine<T>::ShardRankDone_st(Job& job, OwnedPart& o) {
+void Engine::ShardRankDone_st(Job& job, OwnedPart& o) {
   if (++o.ranks_complete == job.world) TryReduce_st(job, o);
 }
 
-template <class T>
-void Engine<T>::TryReduce_st(Job& job, OwnedPart& o) {
+void Engine::TryReduce_st(Job& job, OwnedPart& o) {
   if (o.pulls_pending > 0) {
     // The result slot still feeds pull responses of the previous round.
     o.reduce_deferred = true;
@@ -124,16 +121,14 @@ void Engine<T>::TryReduce_st(Job& job, OwnedPart& o) {
   PartResultReady_st(job, o.part);
 }
 
-template <class T>
-bool Engine<T>::CanFold_st(const Job& job, const OwnedPart& o) const {
+bool Engine::CanFold_st(const Job& job, const OwnedPart& o) const {
   // The sender is still sending, so it is not among the complete ranks: W - 1 complete ranks
   // are all the others, the local one included. (A deferred reduction implies all W are
   // complete, so it needs no test of its own.)
   return o.ranks_complete + 1 == job.world && o.pulls_pending == 0;
 }
 
-template <class T>
-void Engine<T>::FoldRange_st(Job& job, OwnedPart& o, uint32_t rank, uint64_t offset,
+void Engine::FoldRange_st(Job& job, OwnedPart& o, uint32_t rank, uint64_t offset,
                              uint64_t bytes, const std::byte* src) {
   const Part& p = job.parts[o.part];
   const JobTensor& t = job.tensors[p.tensor];
@@ -152,8 +147,7 @@ void Engine<T>::FoldRange_st(Job& job, OwnedPart& o, uint32_t rank, uint64_t off
   std::memcpy(local, out, bytes);
 }
 
-template <class T>
-void Engine<T>::OnRecvPiece_st(const transport::PeerInfo& peer, const transport::FrameHeader& h,
+void Engine::OnRecvPiece_st(const transport::PeerInfo& peer, const transport::FrameHeader& h,
                                const RecvTarget& target, uint64_t segment_offset,
                                std::span<const uint8_t> bytes) {
   Job* job = JobFromCookie(target.cookie);
@@ -201,15 +195,5 @@ void Engine<T>::OnRecvPiece_st(const transport::PeerInfo& peer, const transport:
   if (n > whole) std::memcpy(slot + off + whole, src + whole, n - whole);
 }
 
-#define GRADLANE_INSTANTIATE(T) \
-  template bool Engine<T>::CanFold_st(const Job&, const OwnedPart&) const; \
-  template void Engine<T>::FoldRange_st(Job&, OwnedPart&, uint32_t, uint64_t, uint64_t, const std::byte*); \
-  template void Engine<T>::OnRecvPiece_st(const transport::PeerInfo&, const transport::FrameHeader&, \
-                                          const RecvTarget&, uint64_t, std::span<const uint8_t>); \
-  template bool Engine<T>::ShardAccept_st(Job&, OwnedPart&, uint32_t, int64_t, uint64_t); \
-  template void Engine<T>::ShardRankDone_st(Job&, OwnedPart&); \
-  template void Engine<T>::TryReduce_st(Job&, OwnedPart&);
-GRADLANE_ENGINE_FOR_EACH_TRANSPORT(GRADLANE_INSTANTIATE)
-#undef GRADLANE_INSTANTIATE
 
 }  // namespace gradlane::daemon

@@ -20,8 +20,7 @@ using namespace engine_internal;  // NOLINT: cookies and status helpers of this 
 
 // ------------------------------------------------------------------------- worker role ----
 
-template <class T>
-void Engine<T>::OnPost(Session& session, const PostDescriptor& post) {
+void Engine::OnPost(Session& session, const PostDescriptor& post) {
   const TimeNs now = SessionServer::MonotonicNow();
   Job* job = nullptr;
   if (auto it = job_by_session_.find(session.id()); it != job_by_session_.end()) {
@@ -138,8 +137,7 @@ void Engine<T>::OnPost(Session& session, const PostDescriptor& post) {
   }
 }
 
-template <class T>
-void Engine<T>::FinishPost_st(Job& job, uint32_t index, gl_status status) {
+void Engine::FinishPost_st(Job& job, uint32_t index, gl_status status) {
   PostRecord& rec = job.posts[index];
   if (!rec.live) return;
   rec.live = false;
@@ -164,8 +162,7 @@ void Engine<T>::FinishPost_st(Job& job, uint32_t index, gl_status status) {
   Complete_st(rec.post, status);
 }
 
-template <class T>
-void Engine<T>::PartResultReady_st(Job& job, uint32_t part_index) {
+void Engine::PartResultReady_st(Job& job, uint32_t part_index) {
   const Part& p = job.parts[part_index];
   auto& active = job.tensors[p.tensor].active_posts;
   // Iterate backwards: FinishPost_st swap-removes from `active`.
@@ -180,11 +177,5 @@ void Engine<T>::PartResultReady_st(Job& job, uint32_t part_index) {
   }
 }
 
-#define GRADLANE_INSTANTIATE(T) \
-  template void Engine<T>::OnPost(Session&, const PostDescriptor&); \
-  template void Engine<T>::FinishPost_st(Job&, uint32_t, gl_status); \
-  template void Engine<T>::PartResultReady_st(Job&, uint32_t);
-GRADLANE_ENGINE_FOR_EACH_TRANSPORT(GRADLANE_INSTANTIATE)
-#undef GRADLANE_INSTANTIATE
 
 }  // namespace gradlane::daemon

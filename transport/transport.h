@@ -5,13 +5,14 @@
 // from a region, receive each segment straight into a region chosen by the engine (the
 // "receive target resolver"), report completions, and expose live statistics.
 //
-// How the interface is expressed (the eRPC choice): the backend is a compile-time parameter of
-// the engine (`Engine<TcpTransport>`, `Engine<DpdkTransport>`, `Engine<FakeTransport>`; later verbs), checked by the
-// `Transport` concept below. Backends are concrete `final` classes, so PostSend_st and
-// Progress_st are direct calls that inline; there is no virtual call into the transport. The
-// other direction — completions into the engine — goes through TransportHandler, an abstract
-// class: one indirect call per completed segment, which is noise next to the syscall or DMA
-// that completed it, and it lets every backend compile once and share one engine handler.
+// How the interface is expressed: `Transport` is an abstract class and the engine holds one
+// through a pointer, so the engine is compiled once for every backend (TCP, DPDK, later verbs;
+// an in-memory fake in the tests). That costs one indirect call per posted segment and per
+// Progress_st round: a few nanoseconds next to the microseconds a segment costs in the kernel
+// or on the NIC (docs/benchmarks.md measures it). Completions into the engine go through
+// TransportHandler, also an abstract class. What differs between backends beyond the calls
+// every backend has is explicit: capabilities() says whether payloads can be handed over in
+// pieces and whether there is a descriptor the owner can sleep on.
 //
 // Threading: every method with the `_st` suffix (including the control ops) must be called from
 // one thread, the engine thread that owns the transport; handler callbacks run on that thread,
@@ -37,7 +38,6 @@
 
 #include <array>
 #include <atomic>
-#include <concepts>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -176,7 +176,7 @@ struct SendCompletion {
 // to the region only for the engine to read it back when it reduces. Handed the packet's bytes
 // while they are in cache, the engine folds them into the result at once and the region write
 // and re-read never happen (one pass over memory less per pushed byte). Only backends that
-// declare `static constexpr bool kHandsOverPieces = true` are asked for it; the region range is
+// say so in capabilities() are asked for it; the region range is
 // still bounds-checked as if the bytes were to be written there.
 struct RecvTarget {
   bool accept = false;
@@ -193,10 +193,6 @@ struct RecvTarget {
     return RecvTarget{true, region, region_offset, cookie, true};
   }
 };
-
-// Whether backend T can hand a payload over in pieces (RecvTarget::by_piece).
-template <class T>
-inline constexpr bool kHandsOverPieces = requires { requires T::kHandsOverPieces; };
 
 struct PeerInfo {
   PeerHandle handle = kNoPeer;
@@ -227,7 +223,8 @@ class TransportHandler {
   // A by_piece target's payload, in order: `bytes` are the segment's bytes from
   // `segment_offset` on; the pieces of one segment are contiguous and together exactly
   // header.length bytes, all of them before OnRecvDone_st. `bytes` is valid only during the call.
-  // Only backends with kHandsOverPieces call it, and only for targets that asked.
+  // Only backends whose capabilities() hand over pieces call it, and only for targets that
+  // asked.
   virtual void OnRecvPiece_st(const PeerInfo& /*peer*/, const FrameHeader& /*header*/,
                               const RecvTarget& /*target*/, uint64_t /*segment_offset*/,
                               std::span<const uint8_t> /*bytes*/) {}
@@ -321,22 +318,61 @@ struct TransportCounters {
   }
 };
 
-// What the engine needs from a backend. Control ops return absl::Status; the data path
-// (PostSend_st, Progress_st) is non-virtual on every backend.
-template <class T>
-concept Transport = requires(T t, const T ct, const JobCredentials& job, std::string_view addr,
-                             void* base, uint64_t bytes, PeerHandle peer, const SendSpec& spec,
-                             TimeNs now) {
-  { t.Listen_st() } -> std::same_as<absl::StatusOr<uint16_t>>;
-  { t.AddJob_st(job) } -> std::same_as<absl::Status>;
-  { t.Connect_st(job, addr, now) } -> std::same_as<absl::StatusOr<PeerHandle>>;
-  { t.Disconnect_st(peer, now) } -> std::same_as<void>;
-  { t.RegisterRegion_st(base, bytes) } -> std::same_as<absl::StatusOr<RegionId>>;
-  { t.UnregisterRegion_st(RegionId{}) } -> std::same_as<absl::Status>;
-  { t.PostSend_st(peer, spec) } -> std::same_as<absl::Status>;
-  { t.Progress_st(now, 0) } -> std::same_as<int>;
-  { ct.Stats() } -> std::same_as<TransportStats>;
-  { ct.PeerStatsOf(peer) } -> std::same_as<PeerStats>;
+// What a backend offers beyond the calls every backend has.
+struct TransportCapabilities {
+  // Honours RecvTarget::by_piece: hands a payload to OnRecvPiece_st packet by packet (backends
+  // that receive into their own buffers: DPDK, the fake).
+  bool hands_over_pieces = false;
+  // A descriptor that turns readable when Progress_st has peer work to do, so an idle owner can
+  // sleep on it together with its own descriptors (epoll); -1: none, the owner sleeps inside
+  // Progress_st(now, wait_ms) instead.
+  int wait_fd = -1;
+};
+
+// One backend. Control ops return absl::Status; every `_st` method on the engine thread.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual TransportCapabilities capabilities() const = 0;
+  // "tcp", "dpdk", "fake": what gradlanectl and the metrics show.
+  virtual std::string_view backend_name() const = 0;
+
+  // Starts accepting peers at TransportOptions::listen_address:listen_port; returns the bound
+  // port. A busy port is FailedPrecondition ("address already in use"). Call at most once.
+  virtual absl::StatusOr<uint16_t> Listen_st() = 0;
+  // Accept peers of this job (inbound hellos are checked against it) and dial as it.
+  // InvalidArgument for a token over kMaxTokenBytes or a rank outside the world size.
+  virtual absl::Status AddJob_st(const JobCredentials& job) = 0;
+  // Closes the job's connections at once (pending sends fail, peers are reported down,
+  // synchronously) and stops accepting its hellos: a later dial as the job is refused with
+  // unknown_job. Never from inside a handler callback.
+  virtual absl::Status RemoveJob_st(uint64_t job_id) = 0;
+  // Dials `address` ("host:port", numeric) as `job` (which AddJob_st must have registered).
+  // Returns at once; OnPeerUp_st or OnPeerDown_st follows from Progress_st. Sends may be posted
+  // to the handle right away: they go out when the handshake completes.
+  virtual absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job,
+                                                std::string_view address, TimeNs now) = 0;
+  // Says goodbye (best effort), fails the peer's pending sends with Cancelled and reports it
+  // down. No-op for a stale handle.
+  virtual void Disconnect_st(PeerHandle peer, TimeNs now) = 0;
+  // The memory must stay valid until unregistered, and a region must not be unregistered while
+  // sends from it are pending.
+  virtual absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes) = 0;
+  virtual absl::Status UnregisterRegion_st(RegionId region) = 0;
+  // Queues one segment behind the peer's earlier sends. InvalidArgument for a bad region range,
+  // NotFound for a dead handle, ResourceExhausted when max_pending_sends_per_peer are
+  // outstanding (back-pressure: the engine retries after acks).
+  virtual absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec) = 0;
+  // One step: flush queued output, handle input (waiting up to wait_ms when nothing is ready;
+  // 0 = poll), run connect retries and timeouts. Returns events handled.
+  virtual int Progress_st(TimeNs now, int wait_ms) = 0;
+  // An owner sleeping on capabilities().wait_fd must not while this is true: work that waits
+  // for no event, only for the next Progress_st (e.g. writes whose budget ran out).
+  virtual bool HasDeferredWork_st() const { return false; }
+
+  virtual TransportStats Stats() const = 0;
+  virtual PeerStats PeerStatsOf(PeerHandle peer) const = 0;
 };
 
 }  // namespace gradlane::transport

@@ -89,10 +89,8 @@ class DpdkPort final : public DatagramLink {
   std::unique_ptr<Impl> impl_;
 };
 
-class DpdkTransport final {
+class DpdkTransport final : public Transport {
  public:
-  // Packets arrive in DPDK's buffers: a by_piece target gets each packet's bytes handed over.
-  static constexpr bool kHandsOverPieces = true;
 
   static absl::StatusOr<std::unique_ptr<DpdkTransport>> Create(const TransportOptions& options,
                                                                const DpdkOptions& dpdk,
@@ -101,21 +99,25 @@ class DpdkTransport final {
   DpdkTransport(const DpdkTransport&) = delete;
   DpdkTransport& operator=(const DpdkTransport&) = delete;
 
-  absl::StatusOr<uint16_t> Listen_st() { return rel_->Listen_st(); }
-  absl::Status AddJob_st(const JobCredentials& job) { return rel_->AddJob_st(job); }
-  absl::Status RemoveJob_st(uint64_t job_id) { return rel_->RemoveJob_st(job_id); }
-  absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job, std::string_view address, TimeNs now) {
+  // Packets arrive in DPDK's buffers: a by_piece target gets each packet's bytes handed over.
+  // The port is polled, so there is nothing to sleep on.
+  TransportCapabilities capabilities() const override { return {true, -1}; }
+  std::string_view backend_name() const override { return "dpdk"; }
+  absl::StatusOr<uint16_t> Listen_st() override { return rel_->Listen_st(); }
+  absl::Status AddJob_st(const JobCredentials& job) override { return rel_->AddJob_st(job); }
+  absl::Status RemoveJob_st(uint64_t job_id) override { return rel_->RemoveJob_st(job_id); }
+  absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job, std::string_view address, TimeNs now) override {
     return rel_->Connect_st(job, address, now);
   }
-  void Disconnect_st(PeerHandle peer, TimeNs now) { rel_->Disconnect_st(peer, now); }
-  absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes) { return rel_->RegisterRegion_st(base, bytes); }
-  absl::Status UnregisterRegion_st(RegionId region) { return rel_->UnregisterRegion_st(region); }
-  absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec) { return rel_->PostSend_st(peer, spec); }
-  int Progress_st(TimeNs now, int wait_ms) { return rel_->Progress_st(now, wait_ms); }
+  void Disconnect_st(PeerHandle peer, TimeNs now) override { rel_->Disconnect_st(peer, now); }
+  absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes) override { return rel_->RegisterRegion_st(base, bytes); }
+  absl::Status UnregisterRegion_st(RegionId region) override { return rel_->UnregisterRegion_st(region); }
+  absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec) override { return rel_->PostSend_st(peer, spec); }
+  int Progress_st(TimeNs now, int wait_ms) override { return rel_->Progress_st(now, wait_ms); }
 
   uint16_t listen_port() const { return rel_->listen_port(); }
-  TransportStats Stats() const { return rel_->Stats(); }
-  PeerStats PeerStatsOf(PeerHandle peer) const { return rel_->PeerStatsOf(peer); }
+  TransportStats Stats() const override { return rel_->Stats(); }
+  PeerStats PeerStatsOf(PeerHandle peer) const override { return rel_->PeerStatsOf(peer); }
   ReliableStats ReliableStatsNow() const { return rel_->ReliableStatsNow(); }
   // One line for the log: port, driver, MAC, IP, MTU, zero-copy or not.
   std::string Describe() const;
@@ -126,7 +128,6 @@ class DpdkTransport final {
   std::unique_ptr<ReliableTransport> rel_;
 };
 
-static_assert(Transport<DpdkTransport>);
 
 }  // namespace gradlane::transport::dpdk
 

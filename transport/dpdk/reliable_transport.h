@@ -142,7 +142,7 @@ struct ReliableStats {
   uint64_t link_full = 0;          // sends the link had no room for (retried later)
 };
 
-class ReliableTransport final : public DatagramSink {
+class ReliableTransport final : public Transport, public DatagramSink {
  public:
   // Validates options and preallocates. `link` and `handler` must outlive the transport.
   static absl::StatusOr<std::unique_ptr<ReliableTransport>> Create(const TransportOptions& options,
@@ -154,24 +154,27 @@ class ReliableTransport final : public DatagramSink {
   ReliableTransport& operator=(const ReliableTransport&) = delete;
 
   // Starts answering hellos. Returns the link's UDP port.
-  absl::StatusOr<uint16_t> Listen_st();
-  absl::Status AddJob_st(const JobCredentials& job);
+  // Datagrams arrive whole in the link's buffers: a by_piece target gets each one's bytes.
+  TransportCapabilities capabilities() const override { return {true, -1}; }
+  std::string_view backend_name() const override { return "datagram"; }
+  absl::StatusOr<uint16_t> Listen_st() override;
+  absl::Status AddJob_st(const JobCredentials& job) override;
   // Closes the job's connections (pending sends fail with Cancelled, known peers reported down,
   // synchronously) and stops accepting its hellos.
-  absl::Status RemoveJob_st(uint64_t job_id);
+  absl::Status RemoveJob_st(uint64_t job_id) override;
   // Dials "a.b.c.d:port"; hellos are repeated with back-off until connect_deadline.
-  absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job, std::string_view address, TimeNs now);
-  void Disconnect_st(PeerHandle peer, TimeNs now);
-  absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes);
-  absl::Status UnregisterRegion_st(RegionId region);
-  absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec);
+  absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job, std::string_view address, TimeNs now) override;
+  void Disconnect_st(PeerHandle peer, TimeNs now) override;
+  absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes) override;
+  absl::Status UnregisterRegion_st(RegionId region) override;
+  absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec) override;
   // Receives, runs timers, retransmits, sends new packets and acks. With nothing to do and
   // wait_ms > 0 the link waits for input (up to wait_ms, or the next timer).
-  int Progress_st(TimeNs now, int wait_ms);
+  int Progress_st(TimeNs now, int wait_ms) override;
 
   uint16_t listen_port() const { return link_->local_endpoint().port; }
-  TransportStats Stats() const;
-  PeerStats PeerStatsOf(PeerHandle peer) const;
+  TransportStats Stats() const override;
+  PeerStats PeerStatsOf(PeerHandle peer) const override;
   ReliableStats ReliableStatsNow() const;
 
   // DatagramSink: one received datagram (engine thread, from inside Progress_st).
@@ -259,7 +262,6 @@ class ReliableTransport final : public DatagramSink {
   std::unique_ptr<Counters> counters_;
 };
 
-static_assert(Transport<ReliableTransport>);
 
 }  // namespace gradlane::transport::dpdk
 

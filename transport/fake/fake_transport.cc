@@ -80,18 +80,34 @@ absl::Status FakeTransport::AddJob_st(const JobCredentials& job) {
   }
   if (FindJob(job.job_id) >= 0) return absl::AlreadyExistsError("job already added");
   jobs_.push_back(job);
+  job_removed_.push_back(false);
+  return absl::OkStatus();
+}
+
+absl::Status FakeTransport::RemoveJob_st(uint64_t job_id) {
+  const int j = FindJob(job_id);
+  if (j < 0) return absl::NotFoundError(absl::StrCat("job ", job_id, " not added"));
+  for (size_t h = 0; h < conns_.size(); ++h) {
+    if (conns_[h]->job == j && conns_[h]->state != State::kDown) {
+      Down(static_cast<PeerHandle>(h), absl::CancelledError(absl::StrCat("job ", job_id, " removed")),
+           /*tell_peer=*/true, now_);
+    }
+  }
+  // Connections keep their index into jobs_, so the entry stays, hidden from hellos and dials.
+  job_removed_[j] = true;
   return absl::OkStatus();
 }
 
 int FakeTransport::FindJob(uint64_t job_id) const {
   for (size_t i = 0; i < jobs_.size(); ++i) {
-    if (jobs_[i].job_id == job_id) return static_cast<int>(i);
+    if (jobs_[i].job_id == job_id && !job_removed_[i]) return static_cast<int>(i);
   }
   return -1;
 }
 
 absl::StatusOr<PeerHandle> FakeTransport::Connect_st(const JobCredentials& job,
                                                      std::string_view address, TimeNs now) {
+  now_ = std::max(now_, now);
   const int j = FindJob(job.job_id);
   if (j < 0) return absl::FailedPreconditionError("job must be added before connecting");
   auto c = std::make_unique<Conn>();
@@ -147,6 +163,7 @@ absl::Status FakeTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
 }
 
 int FakeTransport::Progress_st(TimeNs now, int /*wait_ms*/) {
+  now_ = std::max(now_, now);
   if (silenced_) return 0;  // a vanished endpoint does nothing
   int handled = 0;
   auto flush = [&] {

@@ -65,11 +65,8 @@ class FakeNetwork {
   int next_identity_ = 0;
 };
 
-class FakeTransport final {
+class FakeTransport final : public Transport {
  public:
-  // Like a packet backend (see FakeNetwork::set_piece_bytes).
-  static constexpr bool kHandsOverPieces = true;
-
   // `network` and `handler` must outlive the transport.
   static absl::StatusOr<std::unique_ptr<FakeTransport>> Create(const TransportOptions& options,
                                                                 TransportHandler* handler,
@@ -81,22 +78,26 @@ class FakeTransport final {
 
   // Registers listen_address:listen_port (port 0: the network picks one). An address already
   // taken is FailedPrecondition ("already in use"), as with TCP.
-  absl::StatusOr<uint16_t> Listen_st();
+  // Like a packet backend (see FakeNetwork::set_piece_bytes); virtual time, nothing to sleep on.
+  TransportCapabilities capabilities() const override { return {true, -1}; }
+  std::string_view backend_name() const override { return "fake"; }
+  absl::StatusOr<uint16_t> Listen_st() override;
   const std::string& address() const { return address_; }
 
-  absl::Status AddJob_st(const JobCredentials& job);
+  absl::Status AddJob_st(const JobCredentials& job) override;
+  absl::Status RemoveJob_st(uint64_t job_id) override;
   absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job, std::string_view address,
-                                        TimeNs now);
-  void Disconnect_st(PeerHandle peer, TimeNs now);
-  absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes);
-  absl::Status UnregisterRegion_st(RegionId region);
-  absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec);
+                                        TimeNs now) override;
+  void Disconnect_st(PeerHandle peer, TimeNs now) override;
+  absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes) override;
+  absl::Status UnregisterRegion_st(RegionId region) override;
+  absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec) override;
   // Sends what is queued, handles inbox frames due by `now`, runs retries and timeouts.
   // wait_ms is ignored (virtual time never blocks). Returns frames handled.
-  int Progress_st(TimeNs now, int wait_ms);
+  int Progress_st(TimeNs now, int wait_ms) override;
 
-  TransportStats Stats() const { return stats_; }
-  PeerStats PeerStatsOf(PeerHandle peer) const;
+  TransportStats Stats() const override { return stats_; }
+  PeerStats PeerStatsOf(PeerHandle peer) const override;
 
  private:
   friend class FakeNetwork;  // Kill() reaches in to reset this endpoint's peers
@@ -155,12 +156,13 @@ class FakeTransport final {
   bool silenced_ = false;
   std::vector<std::unique_ptr<Conn>> conns_;  // handle = index; never reused
   std::vector<JobCredentials> jobs_;
+  std::vector<bool> job_removed_;  // per jobs_ entry: RemoveJob_st took it back
+  TimeNs now_ = 0;                 // the latest time Progress_st or Connect_st was given
   std::vector<Region> regions_;
   std::deque<Message> inbox_;
   TransportStats stats_;
 };
 
-static_assert(Transport<FakeTransport>);
 
 }  // namespace gradlane::transport::fake
 

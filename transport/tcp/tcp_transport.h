@@ -36,7 +36,7 @@
 
 namespace gradlane::transport::tcp {
 
-class TcpTransport final {
+class TcpTransport final : public Transport {
  public:
   // Validates options and preallocates everything. `handler` must outlive the transport.
   static absl::StatusOr<std::unique_ptr<TcpTransport>> Create(const TransportOptions& options,
@@ -48,50 +48,50 @@ class TcpTransport final {
 
   // Binds options.listen_address:listen_port and starts accepting. Returns the bound port.
   // A busy port is FailedPrecondition ("address already in use"). Call at most once.
-  absl::StatusOr<uint16_t> Listen_st();
+  absl::StatusOr<uint16_t> Listen_st() override;
 
   // Accept peers of this job (inbound hellos are checked against it) and dial as it.
   // InvalidArgument for a token over kMaxTokenBytes or a rank outside the world size.
-  absl::Status AddJob_st(const JobCredentials& job);
+  absl::Status AddJob_st(const JobCredentials& job) override;
   // Closes the job's connections at once (pending sends fail with Cancelled, peers the engine
   // knows are reported down, synchronously) and stops accepting its hellos.
-  absl::Status RemoveJob_st(uint64_t job_id);
+  absl::Status RemoveJob_st(uint64_t job_id) override;
 
   // Dials `address` ("host:port", numeric) as `job` (which AddJob_st must have registered).
   // Returns at once; OnPeerUp_st or OnPeerDown_st follows from Progress_st. Sends may be posted
   // to the handle right away: they go out when the handshake completes.
   absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job, std::string_view address,
-                                        TimeNs now);
+                                        TimeNs now) override;
 
   // Says goodbye (best effort), fails the peer's pending sends with Cancelled and reports it
   // down. No-op for a stale handle.
-  void Disconnect_st(PeerHandle peer, TimeNs now);
+  void Disconnect_st(PeerHandle peer, TimeNs now) override;
 
   // TCP needs no registration beyond bounds: the region is remembered so sends and receive
   // targets can be checked. The memory must stay valid until unregistered, and a region must
   // not be unregistered while sends from it are pending.
-  absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes);
-  absl::Status UnregisterRegion_st(RegionId region);
+  absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes) override;
+  absl::Status UnregisterRegion_st(RegionId region) override;
 
   // Queues one segment behind the peer's earlier sends. InvalidArgument for a bad region range,
   // NotFound for a dead handle, ResourceExhausted when max_pending_sends_per_peer are
   // outstanding (the engine's credit window should keep it below that). Nothing is written
   // until the next Progress_st, so a burst of posts leaves in one writev.
-  absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec);
+  absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec) override;
 
   // One step: flush queued output, handle socket events (waiting up to wait_ms for one when
   // nothing is ready; 0 = poll), run connect retries and timeouts. Returns events handled.
-  int Progress_st(TimeNs now, int wait_ms);
-  // An owner sleeping on epoll_fd() must not when this is true: writes whose budget ran out
-  // wait for no event, only for the next Progress_st.
-  bool HasDeferredWork_st() const { return !dirty_.empty(); }
+  int Progress_st(TimeNs now, int wait_ms) override;
+  // Writes whose budget ran out wait for no event, only for the next Progress_st.
+  bool HasDeferredWork_st() const override { return !dirty_.empty(); }
 
-  // The epoll descriptor, for an engine that wants to sleep on it alongside other fds.
-  int epoll_fd() const { return epoll_fd_; }
+  // The epoll descriptor is the wait_fd: an engine sleeps on it alongside its own fds.
+  TransportCapabilities capabilities() const override { return {false, epoll_fd_}; }
+  std::string_view backend_name() const override { return "tcp"; }
   uint16_t listen_port() const { return listen_port_; }
 
-  TransportStats Stats() const;
-  PeerStats PeerStatsOf(PeerHandle peer) const;
+  TransportStats Stats() const override;
+  PeerStats PeerStatsOf(PeerHandle peer) const override;
 
  private:
   using Region = RegisteredRegion;
@@ -159,7 +159,6 @@ class TcpTransport final {
   Counters counters_;
 };
 
-static_assert(Transport<TcpTransport>);
 
 }  // namespace gradlane::transport::tcp
 

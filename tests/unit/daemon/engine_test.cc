@@ -36,7 +36,7 @@ namespace {
 
 using transport::fake::FakeNetwork;
 using transport::fake::FakeTransport;
-using FakeEngine = Engine<FakeTransport>;
+using FakeEngine = Engine;  // over FakeTransport
 using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kPartition = 4096;
@@ -914,7 +914,7 @@ TEST(EngineTest, PostsBeforeTheJobAndOfLateTensorsAreRefused) {
 
 // ---- the same engine over kernel TCP on loopback: one engine thread per daemon.
 
-using TcpEngine = Engine<transport::tcp::TcpTransport>;
+using TcpEngine = Engine;  // over TcpTransport
 
 class TcpCluster {
  public:

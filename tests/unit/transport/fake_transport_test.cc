@@ -33,9 +33,8 @@ TransportOptions Opts() {
   return o;
 }
 
-// The generic engine step the daemon will write once per backend: proves the concept is usable.
-template <Transport T>
-void StepAll(TimeNs now, T& a, T& b) {
+// Through the abstract interface, as the engine drives every backend.
+void StepAll(TimeNs now, Transport& a, Transport& b) {
   a.Progress_st(now, 0);
   b.Progress_st(now, 0);
 }
