@@ -1,25 +1,17 @@
-// daemon/engine.h — gradlaned's engine: client rings → per-job scheduling policy → transport,
-// and the co-located parameter-server roles (docs/design.md §2, §4).
+// daemon/engine.h — gradlaned's event loop: client sessions in, every job's policy and the
+// transport out (docs/design.md §2, §4; docs/architecture.md walks a post through it).
 //
 // One Engine owns one SessionServer (client sessions), one transport (transport::Transport:
-// TcpTransport or DpdkTransport in the daemon, FakeTransport in tests) and every job of this
-// daemon. Per job:
-//   worker role  a client post is cut at the engine's partition boundaries; pieces this rank's
-//                shard owns are contributed in place (no copy), the others are fed to the job's
-//                policy as pushes to their shard. Pull responses are received straight into the
-//                client's arena. A post completes (GL_OK) once every partition it touches holds
-//                the reduced result.
-//   shard role   pushes land in a per-job slab (one slot per rank per owned partition); when all
-//                W contributions of a partition are in, they are reduced in rank order
-//                (bit-reproducible, f16/bf16 summed in f32), the result is copied into the
-//                local client's buffer and W-1 pull responses enter the same policy, by the
-//                priority the pushes carried (P3 §4.2).
-// The policy's credit returns when the peer acknowledges a whole Dispatch; the bandwidth/RTT
-// estimator is fed by sends and acks and pushed into the policy every few milliseconds.
-//
-// Implementation by concern: engine.cc (loop, job lifecycle, transport callbacks),
-// worker_role.cc, ps_role.cc, engine_sched.cc (policy → sends, credit, online tuning),
-// engine_telemetry.cc (heartbeat and snapshots for gradlanectl and the metrics).
+// TcpTransport or DpdkTransport in the daemon, FakeTransport in tests) and the table of jobs
+// (daemon/job_runtime.h). It does three things:
+//   loop       PollOnce_st: client rings and control, transport progress, housekeeping at its
+//              interval, then each job's policy; Run sleeps on the clients' and the transport's
+//              descriptors when idle.
+//   job table  a job is created at its client's first post (JobRuntime::SetUp_st/Start_st),
+//              found by session, by wire id (peers' frames) and by cookie (completions), and
+//              released once it ended and its goodbyes left.
+//   routing    every transport callback is handed to the job it belongs to, which hands it to
+//              its worker or shard role; outbound connections are found by handle.
 //
 // Faults (each ends in error completions, never a hang or a crash):
 //   - client death: the session server reclaims the session; the engine notices within one
@@ -53,8 +45,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "daemon/job.h"
-#include "daemon/ps/aggregator.h"
+#include "daemon/engine_options.h"
+#include "daemon/job_runtime.h"
+#include "daemon/log.h"
 #include "daemon/session.h"
 #include "daemon/session_server.h"
 #include "daemon/telemetry.h"
@@ -62,42 +55,7 @@
 
 namespace gradlane::daemon {
 
-struct EngineOptions {
-  SessionServerOptions sessions;
-  transport::TransportOptions transport;
-  std::string default_policy = "bytescheduler";
-  uint64_t partition_bytes = 0;  // 0: each policy's default
-  uint64_t credit_bytes = 0;     // 0: each policy's default
-  ps::ReduceOp reduce = ps::ReduceOp::kSum;
-  // bytescheduler only: tune the credit window online with the BO tuner (ByteScheduler §4.3).
-  // The partition size stays fixed: changing it would change keys and shards on every rank.
-  bool autotune = false;
-  int autotune_iterations_per_trial = 5;
-  // Busy-polling before the engine sleeps (in loop rounds), and the sleep granularity.
-  int idle_spins = 200;
-  // Operator telemetry (events + snapshots, daemon/telemetry.h); null: none. Outlives the engine.
-  Telemetry* telemetry = nullptr;
-  int idle_wait_ms = 1;
-};
-
-// Counters readable from any thread.
-struct EngineStats {
-  uint64_t jobs_active = 0;
-  uint64_t jobs_failed = 0;
-  uint64_t jobs_released = 0;
-  uint64_t posts_completed = 0;
-  uint64_t posts_failed = 0;
-  uint64_t segments_sent = 0;
-  uint64_t segments_received = 0;
-  uint64_t segments_rejected = 0;  // frames that did not fit the job (counted, refused)
-  uint64_t rounds_reduced = 0;
-  uint64_t rounds_folded = 0;      // of those, reduced piece by piece as the last rank's bytes came in
-  uint64_t manifest_mismatches = 0;
-  uint64_t arena_aliases = 0;      // client arenas currently mapped by the engine
-  uint64_t tuner_trials = 0;
-};
-
-class Engine final : public PostSink, public transport::TransportHandler {
+class Engine final : public PostSink, public transport::TransportHandler, private JobHost {
  public:
   using TransportFactory = std::function<absl::StatusOr<std::unique_ptr<transport::Transport>>(
       const transport::TransportOptions&, transport::TransportHandler*)>;
@@ -122,14 +80,15 @@ class Engine final : public PostSink, public transport::TransportHandler {
   // and unmaps every arena. Idempotent.
   void Shutdown_st();
 
-  EngineStats Stats() const;
+  EngineStats Stats() const { return counters_.Snapshot(); }
   transport::Transport& transport() { return *transport_; }
   SessionServer& sessions() { return *server_; }
 
-  // PostSink (engine thread, from inside SessionServer::PollOnce).
+  // PostSink (engine thread, from inside the session server's poll).
   void OnPost(Session& session, const PostDescriptor& post) override;
 
-  // TransportHandler (engine thread, from inside Progress_st / Disconnect_st).
+  // TransportHandler (engine thread, from inside Progress_st / Disconnect_st): each finds the
+  // job and hands the event to it.
   void OnPeerUp_st(const transport::PeerInfo& peer) override;
   void OnPeerDown_st(const transport::PeerInfo& peer, const absl::Status& why) override;
   void OnSendDone_st(const transport::SendCompletion&) override {}
@@ -144,63 +103,32 @@ class Engine final : public PostSink, public transport::TransportHandler {
                      const transport::RecvTarget& target, sched::TimeNs now) override;
 
  private:
-  struct Counters {
-    transport::StatCounter jobs_active, jobs_failed, jobs_released, posts_completed, posts_failed,
-        segments_sent, segments_received, segments_rejected, rounds_reduced, rounds_folded,
-        manifest_mismatches,
-        arena_aliases, tuner_trials;
-  };
-  struct Tuner;
-
   explicit Engine(const EngineOptions& options);
+
+  // JobHost.
+  transport::Transport& transport_st() override { return *transport_; }
+  const EngineOptions& options() const override { return options_; }
+  EngineCounters& counters_st() override { return counters_; }
+  Telemetry* telemetry_st() override { return options_.telemetry; }
+  bool hands_over_pieces() const override { return hands_over_pieces_; }
+  void CompletePost_st(const PostDescriptor& post, gl_status status) override;
+  void OnJobFailed_st(JobRuntime& job) override;
+  void TrackOutbound_st(transport::PeerHandle handle, const JobRuntime& job,
+                        uint16_t rank) override;
+  void ForgetOutbound_st(transport::PeerHandle handle) override;
 
   // Idle: sleep until a client or peer event, or the idle tick.
   void Sleep_st();
-
-  // Job lifecycle (control path).
-  Job* ActivateJob_st(Session& session, sched::TimeNs now);
-  JobError SetUpJob_st(Session& session, Job& job, sched::TimeNs now);
-  void ConnectPeer_st(Job& job, uint16_t rank, sched::TimeNs now);
-  // The client closed: drain what the shard owes peers, tell them we leave; true when done.
-  bool EndJob_st(Job& job, sched::TimeNs now);
-  void FailJob_st(Job& job, gl_status status, const std::string& reason);
-  // Why iteration `iteration` can never complete once a rank has gone (`left_rank`; -1: this
-  // rank's client if it left, else the first peer that said it leaves): the reason
-  // GL_E_DISCONNECTED carries.
-  std::string DepartureReason(const Job& job, int64_t iteration, int left_rank = -1) const;
-  void ReleaseJob_st(Job& job);
-  // Stops accepting peers of the job (TCP: RemoveJob_st). Never from inside a callback.
-  void RemoveFromTransport_st(Job& job);
+  // A client's first post: a runtime for its job, set up and started (failed if it cannot be).
+  // Null when the job table is full.
+  JobRuntime* ActivateJob_st(Session& session, sched::TimeNs now);
+  void ReleaseJob_st(JobRuntime& job);
   void Housekeeping_st(sched::TimeNs now);
   // Heartbeat, and the periodic snapshot for the operator tools (engine_telemetry.cc).
   void PublishTelemetry_st(sched::TimeNs now);
 
-  // Worker role.
-  void FinishPost_st(Job& job, uint32_t post_index, gl_status status);
-  void PartResultReady_st(Job& job, uint32_t part_index);
-  // Shard role.
-  bool ShardAccept_st(Job& job, OwnedPart& o, uint32_t rank, int64_t iteration, uint64_t length);
-  void ShardRankDone_st(Job& job, OwnedPart& o);
-  void TryReduce_st(Job& job, OwnedPart& o);
-  // Whether rank `rank`'s pushes of this round can be folded in as they arrive: every other
-  // contribution is complete and the result slot is free (see OwnedPart::folding_rank).
-  bool CanFold_st(const Job& job, const OwnedPart& o) const;
-  // result[off, off+bytes) = the rank-ordered reduction with rank `rank`'s values read from
-  // `src`, written to the result slot and to the local arena, as TryReduce_st would.
-  void FoldRange_st(Job& job, OwnedPart& o, uint32_t rank, uint64_t offset, uint64_t bytes,
-                    const std::byte* src);
-  // Scheduling.
-  int RunPolicy_st(Job& job, sched::TimeNs now);
-  // Posts segments [from, end) of job.dispatch (Dispatch record d). False when it stopped: the
-  // job failed, or a full peer queue left the rest blocked (job.blocked_dispatch).
-  bool SendDispatch_st(Job& job, uint32_t d, size_t from, sched::TimeNs now);
-  void ReturnDispatch_st(Job& job, uint32_t dispatch, sched::TimeNs now);
-  void TuneStep_st(Job& job, sched::TimeNs now);
-
-  Job* JobFromCookie(uint64_t cookie);
-  Job* JobByWire(uint64_t wire_id);
-  Part* PartAt(Job& job, uint32_t tensor_id, uint64_t offset);
-  void Complete_st(const PostDescriptor& post, gl_status status);
+  JobRuntime* JobFromCookie(uint64_t cookie);
+  JobRuntime* JobByWire(uint64_t wire_id);
 
   const EngineOptions options_;
   std::unique_ptr<SessionServer> server_;
@@ -210,8 +138,8 @@ class Engine final : public PostSink, public transport::TransportHandler {
   bool shut_down_ = false;
   int sleep_epoll_ = -1;  // client events + transport sockets, created on the first idle sleep
 
-  std::vector<std::unique_ptr<Job>> jobs_;  // by slot; null = free
-  std::vector<uint32_t> generations_;       // per slot, bumped on release
+  std::vector<std::unique_ptr<JobRuntime>> jobs_;  // by slot; null = free
+  std::vector<uint32_t> generations_;              // per slot, bumped on release
   absl::flat_hash_map<uint64_t, uint32_t> job_by_session_;
   absl::flat_hash_map<uint64_t, uint32_t> job_by_wire_;  // live (not failed) jobs only
   struct OutHandle {
@@ -220,14 +148,10 @@ class Engine final : public PostSink, public transport::TransportHandler {
     uint16_t rank;
   };
   absl::flat_hash_map<transport::PeerHandle, OutHandle> out_handles_;
-  absl::flat_hash_map<uint32_t, std::unique_ptr<Tuner>> tuners_;  // by job slot
   sched::TimeNs last_housekeeping_ = 0;
   bool housekeeping_due_ = false;  // a job failed: run housekeeping before the round ends
-  Counters counters_;
+  EngineCounters counters_;
 };
-
-// Logs one line to stderr with a timestamp: the daemon's only logger (no absl/log here).
-void LogLine(const std::string& line);
 
 }  // namespace gradlane::daemon
 

@@ -66,14 +66,13 @@ uint64_t Fingerprint(const std::vector<TensorInfo>& tensors, uint32_t world_size
 }
 
 JobError BuildJobPlan(const Session& session, const std::string& default_policy,
-                      uint64_t partition_bytes, ps::ReduceOp reduce, Job* job) {
+                      uint64_t partition_bytes, ps::ReduceOp reduce, JobPlan* plan) {
   const JobInfo* info = session.job();
   if (info == nullptr) return {GL_E_NO_JOB, "no job registered in this session"};
-  job->info = *info;
-  job->session_id = session.id();
-  job->wire_id = WireJobId(info->job_id);
-  job->policy_name = info->policy.empty() ? default_policy : info->policy;
-  job->reduce = reduce;
+  plan->info = *info;
+  plan->wire_id = WireJobId(info->job_id);
+  plan->policy_name = info->policy.empty() ? default_policy : info->policy;
+  plan->reduce = reduce;
   const std::string& id = info->job_id;
   if (info->world_size > ps::kMaxWorldSize) {
     return {GL_E_INVALID_ARGUMENT,
@@ -90,17 +89,17 @@ JobError BuildJobPlan(const Session& session, const std::string& default_policy,
                                                 info->auth_token.size(), " bytes (at most ",
                                                 transport::kMaxTokenBytes, ")")};
   }
-  job->rank = static_cast<uint16_t>(info->rank);
-  job->world = static_cast<uint16_t>(info->world_size);
+  plan->rank = static_cast<uint16_t>(info->rank);
+  plan->world = static_cast<uint16_t>(info->world_size);
   const std::vector<TensorInfo>& tensors = session.tensors();
   if (tensors.empty()) {
     return {GL_E_NO_JOB, absl::StrCat("job ", id, ": no tensors registered before the first post")};
   }
 
   std::vector<ps::KeyBytes> keys;
-  job->tensors.clear();
-  job->parts.clear();
-  job->total_bytes = 0;
+  plan->tensors.clear();
+  plan->parts.clear();
+  plan->total_bytes = 0;
   for (const TensorInfo& t : tensors) {
     JobTensor jt;
     jt.name = t.name;
@@ -111,48 +110,55 @@ JobError BuildJobPlan(const Session& session, const std::string& default_policy,
     jt.spec.priority = jt.auto_priority ? 0 : t.priority;
     jt.arena_offset = t.offset;
     jt.plan = sched::PartitionPlan::Make(
-        t.bytes, t.dtype, EnginePartitionBytes(job->policy_name, partition_bytes, t.dtype));
-    jt.first_part = static_cast<uint32_t>(job->parts.size());
+        t.bytes, t.dtype, EnginePartitionBytes(plan->policy_name, partition_bytes, t.dtype));
+    jt.first_part = static_cast<uint32_t>(plan->parts.size());
     jt.active_posts.reserve(4);
     const uint32_t n = jt.plan.partition_count();
     for (uint32_t k = 0; k < n; ++k) {
       Part p;
-      p.tensor = static_cast<uint32_t>(job->tensors.size());
+      p.tensor = static_cast<uint32_t>(plan->tensors.size());
       p.index = k;
       p.offset = uint64_t{k} * jt.plan.partition_bytes();
       p.length = std::min(jt.plan.partition_bytes(), t.bytes - p.offset);
       keys.push_back({sched::MakeKey(t.id, k), p.length});
-      job->parts.push_back(p);
+      plan->parts.push_back(p);
     }
-    job->total_bytes += t.bytes;
-    job->tensors.push_back(std::move(jt));
+    plan->total_bytes += t.bytes;
+    plan->tensors.push_back(std::move(jt));
   }
-  auto map = ps::ShardMap::Build(keys, job->world);
+  auto map = ps::ShardMap::Build(keys, plan->world);
   if (!map.ok()) {
     return {GL_E_INTERNAL, absl::StrCat("job ", id, ": shard map: ", map.status().message())};
   }
-  job->shard_map = std::make_unique<ps::ShardMap>(std::move(*map));
-  job->owned.clear();
+  plan->shard_map = std::make_unique<ps::ShardMap>(std::move(*map));
+  plan->owned.clear();
   uint64_t slab = 0;
-  for (size_t i = 0; i < job->parts.size(); ++i) {
-    Part& p = job->parts[i];
-    const uint32_t tid = job->tensors[p.tensor].spec.id;
-    p.owner = static_cast<uint16_t>(job->shard_map->ShardOf(sched::MakeKey(tid, p.index)).value_or(0));
-    if (p.owner == job->rank) {
+  for (size_t i = 0; i < plan->parts.size(); ++i) {
+    Part& p = plan->parts[i];
+    const uint32_t tid = plan->tensors[p.tensor].spec.id;
+    p.owner = static_cast<uint16_t>(plan->shard_map->ShardOf(sched::MakeKey(tid, p.index)).value_or(0));
+    if (p.owner == plan->rank) {
       OwnedPart o;
       o.part = static_cast<uint32_t>(i);
       o.slab_offset = slab;
-      slab += uint64_t{job->world} * p.length;
-      p.owned = static_cast<int32_t>(job->owned.size());
-      job->owned.push_back(o);
+      slab += uint64_t{plan->world} * p.length;
+      p.owned = static_cast<int32_t>(plan->owned.size());
+      plan->owned.push_back(o);
     }
   }
-  job->slab_bytes = slab;
-  job->fingerprint = Fingerprint(tensors, job->world, job->policy_name, partition_bytes, reduce);
-  job->manifest_out = ManifestBody{kManifestMagic, job->fingerprint,
-                                   static_cast<uint32_t>(tensors.size()), job->world,
-                                   job->total_bytes};
+  plan->slab_bytes = slab;
+  plan->fingerprint = Fingerprint(tensors, plan->world, plan->policy_name, partition_bytes, reduce);
+  plan->manifest = ManifestBody{kManifestMagic, plan->fingerprint,
+                                static_cast<uint32_t>(tensors.size()), plan->world,
+                                plan->total_bytes};
   return {};
+}
+
+Part* JobPlan::PartAt(uint32_t tensor_id, uint64_t offset) {
+  if (tensor_id >= tensors.size()) return nullptr;
+  const JobTensor& t = tensors[tensor_id];
+  if (offset >= t.spec.bytes) return nullptr;
+  return &parts[t.first_part + t.plan.PartitionOf(offset)];
 }
 
 }  // namespace gradlane::daemon

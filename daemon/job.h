@@ -1,7 +1,7 @@
-// daemon/job.h — one training job as this daemon sees it: its peers, its policy, its frozen
-// tensor list with the partition plan and shard map every rank derives identically, and the
-// per-partition state of both roles (worker: the client's posts waiting for results; shard:
-// the W contributions of the keys this rank owns).
+// daemon/job.h — the data of one training job as this daemon sees it: its frozen tensor list
+// with the partition plan and shard map every rank derives identically (JobPlan), and the
+// records the job's runtime and roles keep (daemon/job_runtime.h): partitions, owned
+// partitions, posts, peers, dispatches.
 //
 // Rules that make the ranks agree without negotiation (docs/daemon.md):
 //   - One rank per daemon per job; a job is bound to the one client session that registered it.
@@ -13,8 +13,8 @@
 //   - Partition k of a tensor is PartitionPlan::Make(bytes, dtype, EnginePartitionBytes(...));
 //     the shard map is ps::ShardMap over those keys. Both depend only on the frozen list.
 //
-// Thread rules: everything here belongs to the engine thread (`_st` in spirit). Building a
-// Job allocates (control path); the data path only indexes the vectors built here.
+// Thread rules: everything here belongs to the engine thread. Building a plan allocates (control
+// path); the data path only indexes the vectors built here.
 #ifndef GRADLANE_DAEMON_JOB_H_
 #define GRADLANE_DAEMON_JOB_H_
 
@@ -79,8 +79,8 @@ struct JobTensor {
   bool auto_priority = false;
   uint64_t arena_offset = 0;  // in the session's arena
   sched::PartitionPlan plan = sched::PartitionPlan::Make(1, sched::DType::kF32, 0);
-  uint32_t first_part = 0;   // index of partition 0 in Job::parts
-  // Posts of this tensor waiting for results (indices into Job::posts); usually one.
+  uint32_t first_part = 0;   // index of partition 0 in JobPlan::parts
+  // Posts of this tensor waiting for results (indices into WorkerRole's posts); usually one.
   std::vector<uint32_t> active_posts;
 };
 
@@ -91,7 +91,7 @@ struct Part {
   uint64_t offset = 0;  // within the tensor
   uint64_t length = 0;
   uint16_t owner = 0;    // shard rank
-  int32_t owned = -1;    // index into Job::owned when owner == local rank
+  int32_t owned = -1;    // index into the ShardRole's owned parts when owner == local rank
   // Worker: the iteration whose result we wait for, bytes of it posted locally, bytes of the
   // result claimed by arriving frame headers (bounds the next header) and bytes actually
   // placed. Only placed bytes complete a post or let the next iteration start: between a
@@ -122,13 +122,6 @@ struct OwnedPart {
   sched::Priority priority = 0;
 };
 
-// A client post being served.
-struct PostRecord {
-  PostDescriptor post;
-  uint32_t remaining = 0;  // partitions whose result is not in the arena yet
-  bool live = false;
-};
-
 enum class PeerState : uint8_t { kConnecting, kUp, kDown };
 
 struct JobPeer {
@@ -155,104 +148,27 @@ struct DispatchRecord {
   uint32_t remaining = 0;
 };
 
-struct Job {
-  // Identity.
-  uint32_t slot = 0;
-  uint32_t generation = 0;
+// What every rank derives identically from the frozen tensor list (BuildJobPlan): identity,
+// tensors, partitions and the shard map. `parts` also carries the worker's per-partition state
+// and `owned` the shard's table; JobRuntime moves each to the role that runs it.
+struct JobPlan {
   JobInfo info;
   uint64_t wire_id = 0;
-  bool added_to_transport = false;
-  uint64_t session_id = 0;
   uint16_t rank = 0;
   uint16_t world = 1;
   std::string policy_name;
   ps::ReduceOp reduce = ps::ReduceOp::kSum;
-
-  // Ending: the client closed with nothing pending. Draining: our shard still owes peers pull
-  // responses. Leaving: leave frames sent, waiting for their acks.
-  enum class Phase : uint8_t { kActive, kDraining, kLeaving } phase = Phase::kActive;
-  sched::TimeNs drain_deadline = 0;
-  uint32_t leave_acks_pending = 0;
-  bool any_left = false;
-
-  // Failure: once set, every post is answered with `fail_status` and nothing is sent.
-  bool failed = false;
-  gl_status fail_status = GL_OK;
-  std::string fail_reason;
-  // The client is gone and the job failed or ended: its slot, regions and arena alias are
-  // released at this time, so the goodbyes Disconnect_st queued get to leave first.
-  sched::TimeNs release_at = 0;
-
-  // Frozen tensors and plan.
   std::vector<JobTensor> tensors;
   std::vector<Part> parts;
-  std::vector<OwnedPart> owned;
-  std::vector<uint64_t> owned_got;  // owned.size() x W: bytes of each rank's push this round
-  // owned.size() x W: length of the prefix of each rank's push this round that is in its slot,
-  // while it arrives in order (kNotContiguous once a piece lands elsewhere): what folding must
-  // catch up on when it starts mid-stream (transports that hand packets over only).
-  std::vector<uint64_t> owned_placed;
-  static constexpr uint64_t kNotContiguous = ~uint64_t{0};
+  std::vector<OwnedPart> owned;  // partitions this rank's shard owns, in part order
+  uint64_t slab_bytes = 0;       // W slots of every owned partition
   uint64_t fingerprint = 0;
   uint64_t total_bytes = 0;
   std::unique_ptr<ps::ShardMap> shard_map;
+  ManifestBody manifest{};  // what this rank sends its peers
 
-  // Memory: an alias mapping of the client's arena (survives the client's death until we
-  // release it), the shard slab, manifests.
-  uint8_t* arena = nullptr;
-  uint64_t arena_bytes = 0;
-  transport::RegionId arena_region = transport::kNoRegion;
-  std::unique_ptr<std::byte[]> slab;
-  uint64_t slab_bytes = 0;
-  transport::RegionId slab_region = transport::kNoRegion;
-  ManifestBody manifest_out{};
-  std::vector<ManifestBody> manifest_in;  // per rank
-  transport::RegionId manifest_region = transport::kNoRegion;
-  transport::RegionId manifest_in_region = transport::kNoRegion;
-
-  // Scheduling.
-  std::unique_ptr<sched::Policy> policy;
-  sched::PolicyConfig policy_config;
-  sched::AutoPriority auto_priority;
-  sched::BandwidthEstimator estimator;
-  sched::Dispatch dispatch;  // reused
-  std::vector<DispatchRecord> dispatches;
-  std::vector<uint32_t> free_dispatches;
-  sched::TimeNs last_estimate_push = 0;
-  // Back-pressure: a Dispatch the transport could not take whole (a peer's send queue was full)
-  // keeps its unsent tail in `dispatch`, from segment `blocked_next`; it goes out before the
-  // policy is asked for anything new, so send order and credit accounting hold.
-  uint32_t blocked_dispatch = 0xFFFFFFFFu;
-  size_t blocked_next = 0;
-
-  // Peers by rank (entry `rank` unused). Nothing is dispatched before every peer is up: the
-  // job cannot progress without all of them, and a send to a peer that later turns out not to
-  // know the job yet would fail.
-  std::vector<JobPeer> peers;
-  uint32_t peers_up = 0;
-  bool all_up = false;  // every peer was up at once (dispatch may start)
-  uint32_t manifests_in = 0;  // peers whose manifest arrived and matched (manifest_ok)
-  sched::TimeNs connect_started = 0;
-
-  // Posts.
-  std::vector<PostRecord> posts;
-  std::vector<uint32_t> free_posts;
-  uint64_t posts_pending = 0;
-  // Posts that arrived before the job could be activated are never kept: activation happens
-  // in the first OnPost, synchronously.
-
-  // Counters (metrics, tests).
-  uint64_t segments_sent = 0;
-  uint64_t segments_received = 0;
-  uint64_t segments_rejected = 0;
-  uint64_t rounds_reduced = 0;
-  uint64_t posts_completed = 0;
-  uint64_t posts_failed = 0;
-
-  // Iteration timing for the online tuner (bytescheduler with tuning).
-  int64_t tune_iteration = -1;
-  sched::TimeNs tune_started = 0;
-  uint64_t tune_bytes = 0;
+  // The partition holding byte `offset` of tensor `tensor_id`; null when out of range.
+  Part* PartAt(uint32_t tensor_id, uint64_t offset);
 };
 
 // The fingerprint of a frozen tensor list plus the knobs every rank must share (W, policy,
@@ -267,7 +183,7 @@ struct JobError {
   std::string message;
 };
 JobError BuildJobPlan(const Session& session, const std::string& default_policy,
-                      uint64_t partition_bytes, ps::ReduceOp reduce, Job* job);
+                      uint64_t partition_bytes, ps::ReduceOp reduce, JobPlan* plan);
 
 }  // namespace gradlane::daemon
 

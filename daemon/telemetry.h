@@ -210,19 +210,72 @@ struct TelemetryOptions {
   sched::TimeNs snapshot_interval = 50 * sched::kMillisecond;
 };
 
+// Which job an event belongs to (a job slot is reused once its generation moves on).
+struct TelemetryJob {
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+};
+// The byte range an event is about: a segment key (posts: the tensor's partition-0 key), the
+// iteration, and the offset and length within the tensor.
+struct SpanRef {
+  uint64_t key = 0;
+  int64_t iteration = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
 // What the engine holds: ring, snapshots, heartbeat. Created by main (or a test) and handed to
 // the engine through EngineOptions::telemetry; it must outlive the engine.
 class Telemetry {
  public:
   explicit Telemetry(const TelemetryOptions& options = {});
 
-  void Emit_st(const TelemetryEvent& e) { (void)ring_.Push_st(e); }
-  // A segment event from the engine's own records.
-  void Segment_st(EventType type, uint32_t slot, uint32_t generation, const sched::Segment& s,
-                  sched::TimeNs t0, sched::TimeNs now) {
-    Emit_st(TelemetryEvent{type, static_cast<uint8_t>(s.direction), s.peer, slot, generation,
-                           s.priority, s.key, s.iteration, s.offset, s.length, t0, now});
+  // One emitter per event type: each says what it records, and no call site builds the
+  // positional TelemetryEvent itself.
+  void Posted_st(TelemetryJob job, sched::Priority priority, const SpanRef& post,
+                 sched::TimeNs now) {
+    Emit_st({EventType::kPosted, 0, 0, job.slot, job.generation, priority, post.key,
+             post.iteration, post.offset, post.length, 0, now});
   }
+  void PostDone_st(TelemetryJob job, int32_t gl_status, const SpanRef& post, sched::TimeNs now) {
+    Emit_st({EventType::kPostDone, 0, 0, job.slot, job.generation, gl_status, post.key,
+             post.iteration, post.offset, post.length, 0, now});
+  }
+  void Ready_st(TelemetryJob job, sched::Direction direction, uint16_t peer,
+                sched::Priority priority, const SpanRef& range, sched::TimeNs now) {
+    Emit_st({EventType::kReady, static_cast<uint8_t>(direction), peer, job.slot, job.generation,
+             priority, range.key, range.iteration, range.offset, range.length, 0, now});
+  }
+  // A segment went to the transport; it entered the policy at s.ready_at.
+  void Dispatched_st(TelemetryJob job, const sched::Segment& s, sched::TimeNs now) {
+    Emit_st({EventType::kDispatched, static_cast<uint8_t>(s.direction), s.peer, job.slot,
+             job.generation, s.priority, s.key, s.iteration, s.offset, s.length, s.ready_at, now});
+  }
+  void Acked_st(TelemetryJob job, sched::Direction direction, uint16_t peer, const SpanRef& seg,
+                sched::TimeNs sent_at, sched::TimeNs now) {
+    Emit_st({EventType::kAcked, static_cast<uint8_t>(direction), peer, job.slot, job.generation,
+             0, seg.key, seg.iteration, seg.offset, seg.length, sent_at, now});
+  }
+  void Received_st(TelemetryJob job, sched::Direction direction, uint16_t peer,
+                   sched::Priority priority, const SpanRef& seg, sched::TimeNs now) {
+    Emit_st({EventType::kReceived, static_cast<uint8_t>(direction), peer, job.slot,
+             job.generation, priority, seg.key, seg.iteration, seg.offset, seg.length, 0, now});
+  }
+  void RoundOpened_st(TelemetryJob job, const SpanRef& part, sched::TimeNs now) {
+    Emit_st({EventType::kRoundOpened, 0, 0, job.slot, job.generation, 0, part.key,
+             part.iteration, part.offset, part.length, 0, now});
+  }
+  void RoundReduced_st(TelemetryJob job, sched::Priority priority, const SpanRef& part,
+                       sched::TimeNs now) {
+    Emit_st({EventType::kRoundReduced, 0, 0, job.slot, job.generation, priority, part.key,
+             part.iteration, part.offset, part.length, 0, now});
+  }
+  // A Dispatch of more than one segment.
+  void Block_st(TelemetryJob job, uint64_t segments, uint64_t bytes, sched::TimeNs now) {
+    Emit_st({EventType::kBlock, 0, 0, job.slot, job.generation, 0, segments, 0, 0, bytes, 0, now});
+  }
+  // For tests that feed the reader hand-made events.
+  void Emit_st(const TelemetryEvent& e) { (void)ring_.Push_st(e); }
 
   // Housekeeping tick: records the heartbeat; true when a snapshot is due (then the engine
   // fills SnapshotBack_st() and calls PublishSnapshot_st()).

@@ -1,100 +1,74 @@
-// daemon/worker_role.cc — the engine's worker role: a client post cut at partition boundaries, local
-// pieces contributed in place, remote ones fed to the policy as pushes; completion when every
-// partition of the range holds the reduced result.
-#include "daemon/engine.h"
+#include "daemon/worker_role.h"
 
 #include <algorithm>
-#include <cstring>
-#include <limits>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine_internal.h"
+#include "daemon/job_runtime.h"
+#include "daemon/session_server.h"
 
 namespace gradlane::daemon {
 
 using sched::TimeNs;
-using transport::PeerHandle;
 using transport::RecvTarget;
-using namespace engine_internal;  // NOLINT: cookies and status helpers of this module
 
-// ------------------------------------------------------------------------- worker role ----
-
-void Engine::OnPost(Session& session, const PostDescriptor& post) {
-  const TimeNs now = SessionServer::MonotonicNow();
-  Job* job = nullptr;
-  if (auto it = job_by_session_.find(session.id()); it != job_by_session_.end()) {
-    job = jobs_[it->second].get();
-  } else {
-    job = ActivateJob_st(session, now);
-  }
-  if (job == nullptr) {
-    Complete_st(post, GL_E_NO_MEMORY);  // job table full
+void WorkerRole::OnPost_st(const PostDescriptor& post, TimeNs now) {
+  JobHost& host = job_.host();
+  if (job_.failed()) {
+    host.CompletePost_st(post, job_.fail_status());
     return;
   }
-  if (job->failed) {
-    Complete_st(post, job->fail_status);
-    return;
-  }
-  if (post.tensor_id >= job->tensors.size()) {
+  JobPlan& plan = job_.plan();
+  if (post.tensor_id >= plan.tensors.size()) {
     // Registered after the job's first post: the shard map is frozen without it.
-    Complete_st(post, GL_E_BAD_TENSOR);
+    host.CompletePost_st(post, GL_E_BAD_TENSOR);
     return;
   }
-  JobTensor& t = job->tensors[post.tensor_id];
+  JobTensor& t = plan.tensors[post.tensor_id];
   const uint32_t first = t.first_part + t.plan.PartitionOf(post.offset);
   const uint32_t last = t.first_part + t.plan.PartitionOf(post.offset + post.length - 1);
   // Validate before touching any state: the range must not repeat bytes already posted for
   // this iteration, nor start an iteration while the previous one's result is still out.
   for (uint32_t i = first; i <= last; ++i) {
-    const Part& p = job->parts[i];
+    const Part& p = plan.parts[i];
     const uint64_t lo = std::max(post.offset, p.offset);
     const uint64_t hi = std::min(post.offset + post.length, p.offset + p.length);
     if (p.iteration == post.iteration) {
       if (p.posted + (hi - lo) > p.length) {
-        Complete_st(post, GL_E_BAD_RANGE);
+        host.CompletePost_st(post, GL_E_BAD_RANGE);
         return;
       }
     } else if (p.iteration > post.iteration ||
                (p.iteration >= 0 && p.posted > 0 && p.result_got < p.length)) {
-      Complete_st(post, GL_E_BAD_ITERATION);
+      host.CompletePost_st(post, GL_E_BAD_ITERATION);
       return;
     }
   }
   // Auto priorities learn from the order gradients become ready.
-  job->auto_priority.Observe(post.tensor_id, post.iteration);
+  job_.auto_priority().Observe(post.tensor_id, post.iteration);
   const sched::Priority prio =
-      t.auto_priority ? job->auto_priority.PriorityOf(post.tensor_id) : t.spec.priority;
-
+      t.auto_priority ? job_.auto_priority().PriorityOf(post.tensor_id) : t.spec.priority;
   uint32_t index;
-  if (!job->free_posts.empty()) {
-    index = job->free_posts.back();
-    job->free_posts.pop_back();
+  if (!free_posts_.empty()) {
+    index = free_posts_.back();
+    free_posts_.pop_back();
   } else {
-    index = static_cast<uint32_t>(job->posts.size());
-    job->posts.emplace_back();
+    index = static_cast<uint32_t>(posts_.size());
+    posts_.emplace_back();
   }
-  PostRecord& rec = job->posts[index];
+  PostRecord& rec = posts_[index];
   rec.post = post;
   rec.remaining = last - first + 1;
   rec.live = true;
-  ++job->posts_pending;
+  ++posts_pending_;
   t.active_posts.push_back(index);
-  if (options_.telemetry != nullptr) {
-    options_.telemetry->Emit_st({EventType::kPosted, 0, 0, job->slot, job->generation, prio,
-                                 sched::MakeKey(post.tensor_id, 0), post.iteration, post.offset,
-                                 post.length, 0, now});
+  if (Telemetry* tm = job_.telemetry()) {
+    tm->Posted_st(job_.telemetry_tag(), prio,
+                  {sched::MakeKey(post.tensor_id, 0), post.iteration, post.offset, post.length},
+                  now);
   }
-  if (auto tit = tuners_.find(job->slot); tit != tuners_.end()) {
-    tit->second->bytes += post.length;
-    if (post.iteration > tit->second->last_iteration) {
-      tit->second->last_iteration = post.iteration;
-      TuneStep_st(*job, now);
-    }
-  }
-
-  for (uint32_t i = first; i <= last && !job->failed; ++i) {
-    Part& p = job->parts[i];
+  job_.TuneOnPost_st(post.iteration, post.length, now);
+  for (uint32_t i = first; i <= last && !job_.failed(); ++i) {
+    Part& p = plan.parts[i];
     if (p.iteration != post.iteration) {
       p.iteration = post.iteration;
       p.posted = 0;
@@ -104,18 +78,17 @@ void Engine::OnPost(Session& session, const PostDescriptor& post) {
     const uint64_t lo = std::max(post.offset, p.offset);
     const uint64_t hi = std::min(post.offset + post.length, p.offset + p.length);
     p.posted += hi - lo;
-    if (p.owner == job->rank) {
-      OwnedPart& o = job->owned[p.owned];
-      if (!ShardAccept_st(*job, o, job->rank, post.iteration, hi - lo)) {
-        FailJob_st(*job, GL_E_BAD_ITERATION,
-                   absl::StrCat("job ", job->info.job_id, ": tensor ", t.name, " iteration ",
-                                post.iteration, " posted while the shard is in round ", o.round));
+    if (p.owner == job_.rank()) {
+      ShardRole& shard = job_.shard();
+      OwnedPart& o = shard.owned(p.owned);
+      if (!shard.Accept_st(o, job_.rank(), post.iteration, hi - lo)) {
+        job_.Fail_st(GL_E_BAD_ITERATION,
+                     absl::StrCat("job ", job_.id(), ": tensor ", t.name, " iteration ",
+                                  post.iteration, " posted while the shard is in round ", o.round));
         return;
       }
       o.priority = std::min(o.priority, prio);
-      if (job->owned_got[static_cast<size_t>(p.owned) * job->world + job->rank] == p.length) {
-        ShardRankDone_st(*job, o);
-      }
+      shard.OnContributed_st(o, job_.rank());
     } else {
       sched::ReadyRange r;
       r.tensor_id = post.tensor_id;
@@ -127,55 +100,79 @@ void Engine::OnPost(Session& session, const PostDescriptor& post) {
       r.tensor_bytes = t.spec.bytes;
       r.offset = lo;
       r.length = hi - lo;
-      job->policy->OnReady(r, now);
-      if (options_.telemetry != nullptr) {
-        options_.telemetry->Emit_st({EventType::kReady, 0, p.owner, job->slot, job->generation,
-                                     prio, sched::MakeKey(p.tensor, p.index), post.iteration, lo,
-                                     hi - lo, 0, now});
-      }
+      job_.Ready_st(r, now);
     }
   }
 }
 
-void Engine::FinishPost_st(Job& job, uint32_t index, gl_status status) {
-  PostRecord& rec = job.posts[index];
+RecvTarget WorkerRole::ResolveResult_st(uint16_t from_rank, Part& p,
+                                        const transport::FrameHeader& h, uint64_t cookie) {
+  // Only from the partition's shard, for the round we wait for.
+  if (p.owner != from_rank || p.iteration != h.iteration || p.posted != p.length ||
+      p.result_reserved + h.length > p.length) {
+    return RecvTarget::Reject();
+  }
+  p.result_reserved += h.length;
+  const JobTensor& t = job_.plan().tensors[p.tensor];
+  return RecvTarget::Into(job_.arena_region(), t.arena_offset + h.offset, cookie);
+}
+
+void WorkerRole::OnResultPlaced_st(Part& p, uint64_t bytes) {
+  p.result_got += bytes;
+  if (p.result_got == p.length) {
+    PartResultReady_st(static_cast<uint32_t>(&p - job_.plan().parts.data()));
+  }
+}
+
+void WorkerRole::PartResultReady_st(uint32_t part_index) {
+  JobPlan& plan = job_.plan();
+  const Part& p = plan.parts[part_index];
+  auto& active = plan.tensors[p.tensor].active_posts;
+  // Iterate backwards: Finish_st swap-removes from `active`.
+  for (size_t k = active.size(); k-- > 0;) {
+    const uint32_t idx = active[k];
+    PostRecord& rec = posts_[idx];
+    if (rec.post.iteration != p.iteration) continue;
+    if (rec.post.offset >= p.offset + p.length || rec.post.offset + rec.post.length <= p.offset) {
+      continue;
+    }
+    if (--rec.remaining == 0) Finish_st(idx, GL_OK);
+  }
+}
+
+void WorkerRole::FailAll_st(gl_status status) {
+  for (uint32_t i = 0; i < posts_.size(); ++i) {
+    if (posts_[i].live) Finish_st(i, status);
+  }
+}
+
+void WorkerRole::Finish_st(uint32_t index, gl_status status) {
+  PostRecord& rec = posts_[index];
   if (!rec.live) return;
   rec.live = false;
-  --job.posts_pending;
-  if (rec.post.tensor_id < job.tensors.size()) {
-    auto& active = job.tensors[rec.post.tensor_id].active_posts;
+  --posts_pending_;
+  JobPlan& plan = job_.plan();
+  if (rec.post.tensor_id < plan.tensors.size()) {
+    auto& active = plan.tensors[rec.post.tensor_id].active_posts;
     auto it = std::find(active.begin(), active.end(), index);
     if (it != active.end()) {
       *it = active.back();
       active.pop_back();
     }
   }
-  job.free_posts.push_back(index);
-  if (status == GL_OK) ++job.posts_completed; else ++job.posts_failed;
-  if (options_.telemetry != nullptr) {
-    options_.telemetry->Emit_st({EventType::kPostDone, 0, 0, job.slot, job.generation,
-                                 static_cast<int32_t>(status),
-                                 sched::MakeKey(rec.post.tensor_id, 0), rec.post.iteration,
-                                 rec.post.offset, rec.post.length, 0,
-                                 SessionServer::MonotonicNow()});
+  free_posts_.push_back(index);
+  if (status == GL_OK) {
+    ++posts_completed_;
+  } else {
+    ++posts_failed_;
   }
-  Complete_st(rec.post, status);
-}
-
-void Engine::PartResultReady_st(Job& job, uint32_t part_index) {
-  const Part& p = job.parts[part_index];
-  auto& active = job.tensors[p.tensor].active_posts;
-  // Iterate backwards: FinishPost_st swap-removes from `active`.
-  for (size_t k = active.size(); k-- > 0;) {
-    const uint32_t idx = active[k];
-    PostRecord& rec = job.posts[idx];
-    if (rec.post.iteration != p.iteration) continue;
-    if (rec.post.offset >= p.offset + p.length || rec.post.offset + rec.post.length <= p.offset) {
-      continue;
-    }
-    if (--rec.remaining == 0) FinishPost_st(job, idx, GL_OK);
+  if (Telemetry* tm = job_.telemetry()) {
+    tm->PostDone_st(job_.telemetry_tag(), static_cast<int32_t>(status),
+                    {sched::MakeKey(rec.post.tensor_id, 0), rec.post.iteration, rec.post.offset,
+                     rec.post.length},
+                    SessionServer::MonotonicNow());
   }
+  job_.host().CompletePost_st(rec.post, status);
 }
-
 
 }  // namespace gradlane::daemon
