@@ -201,32 +201,26 @@ json AdminCommand(TelemetryHub& hub, const AdminOptions& options, AdminCmd cmd) 
       refused[RefusalName(static_cast<Refusal>(k))] = ss.refused_by_reason[k];
     }
     return hub.With([&](TelemetryState& st) {
-      return json{{"ok", true},
-                  {"version", hub.sources().version},
-                  {"pid", ::getpid()},
-                  {"uptime_seconds", Sec(now - hub.started_at())},
-                  {"listen_port", st.snapshot().listen_port},
-                  {"metrics_address", options.metrics_address},
-                  {"engine_heartbeat_age_seconds", hb > 0 ? Sec(now - hb) : -1.0},
-                  {"jobs_active", es.jobs_active},
-                  {"jobs_failed", es.jobs_failed},
-                  {"posts_completed", es.posts_completed},
-                  {"posts_failed", es.posts_failed},
-                  {"segments_sent", es.segments_sent},
-                  {"segments_received", es.segments_received},
-                  {"segments_rejected", es.segments_rejected},
-                  {"rounds_reduced", es.rounds_reduced},
-                  {"rounds_folded", es.rounds_folded},
-                  {"transport_bytes_sent", ts.total.bytes_sent},
-                  {"transport_bytes_received", ts.total.bytes_received},
-                  {"client_sessions", ss.sessions_active},
-                  {"client_connections_refused", refused},
-                  {"peers_up", ts.peers_up},
-                  {"peers_down", ts.peers_down},
-                  {"wire_errors", ts.malformed()},
-                  {"tracing", st.trace().armed() ? st.trace().job_id() : std::string()},
-                  {"telemetry_events", st.events()},
-                  {"telemetry_events_dropped", hub.events_dropped()}};
+      json j{{"ok", true},
+             {"version", hub.sources().version},
+             {"pid", ::getpid()},
+             {"uptime_seconds", Sec(now - hub.started_at())},
+             {"listen_port", st.snapshot().listen_port},
+             {"metrics_address", options.metrics_address},
+             {"engine_heartbeat_age_seconds", hb > 0 ? Sec(now - hb) : -1.0},
+             {"transport_bytes_sent", ts.total.bytes_sent},
+             {"transport_bytes_received", ts.total.bytes_received},
+             {"client_sessions", ss.sessions_active},
+             {"client_connections_refused", refused},
+             {"peers_up", ts.peers_up},
+             {"peers_down", ts.peers_down},
+             {"wire_errors", ts.malformed()},
+             {"tracing", st.trace().armed() ? st.trace().job_id() : std::string()},
+             {"telemetry_events", st.events()},
+             {"telemetry_events_dropped", hub.events_dropped()}};
+      // Every engine counter under its own name (GRADLANE_ENGINE_COUNTERS).
+      for (const CounterInfo& c : kEngineCounters) j[c.name] = es.*c.field;
+      return j;
     });
   }
   if (cmd == AdminCmd::kJobs) {

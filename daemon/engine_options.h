@@ -1,11 +1,13 @@
 // daemon/engine_options.h — what the engine is configured with (from gradlaned's flags,
-// daemon/config.h) and the counters it keeps (EngineStats, readable from any thread).
+// daemon/config.h) and the counters it keeps (EngineStats, readable from any thread), declared
+// once in GRADLANE_ENGINE_COUNTERS.
 #ifndef GRADLANE_DAEMON_ENGINE_OPTIONS_H_
 #define GRADLANE_DAEMON_ENGINE_OPTIONS_H_
 
 #include <cstdint>
 #include <string>
 
+#include "daemon/engine_counters.h"
 #include "daemon/ps/aggregator.h"
 #include "daemon/session_server.h"
 #include "daemon/telemetry.h"
@@ -33,43 +35,40 @@ struct EngineOptions {
 
 // Counters readable from any thread.
 struct EngineStats {
-  uint64_t jobs_active = 0;
-  uint64_t jobs_failed = 0;
-  uint64_t jobs_released = 0;
-  uint64_t posts_completed = 0;
-  uint64_t posts_failed = 0;
-  uint64_t segments_sent = 0;
-  uint64_t segments_received = 0;
-  uint64_t segments_rejected = 0;  // frames that did not fit the job (counted, refused)
-  uint64_t rounds_reduced = 0;
-  uint64_t rounds_folded = 0;      // of those, reduced piece by piece as the last rank's bytes came in
-  uint64_t manifest_mismatches = 0;
-  uint64_t arena_aliases = 0;      // client arenas currently mapped by the engine
-  uint64_t tuner_trials = 0;
+#define GRADLANE_STATS_FIELD(name, type, metric, label, help) uint64_t name = 0;
+  GRADLANE_ENGINE_COUNTERS(GRADLANE_STATS_FIELD)
+#undef GRADLANE_STATS_FIELD
 };
 
 // The counters behind EngineStats: written by the engine thread only, read by anyone.
 struct EngineCounters {
-  transport::StatCounter jobs_active, jobs_failed, jobs_released, posts_completed, posts_failed,
-      segments_sent, segments_received, segments_rejected, rounds_reduced, rounds_folded,
-      manifest_mismatches, arena_aliases, tuner_trials;
+#define GRADLANE_COUNTER_FIELD(name, type, metric, label, help) transport::StatCounter name;
+  GRADLANE_ENGINE_COUNTERS(GRADLANE_COUNTER_FIELD)
+#undef GRADLANE_COUNTER_FIELD
   EngineStats Snapshot() const {
     EngineStats s;
-    s.jobs_active = jobs_active.Get();
-    s.jobs_failed = jobs_failed.Get();
-    s.jobs_released = jobs_released.Get();
-    s.posts_completed = posts_completed.Get();
-    s.posts_failed = posts_failed.Get();
-    s.segments_sent = segments_sent.Get();
-    s.segments_received = segments_received.Get();
-    s.segments_rejected = segments_rejected.Get();
-    s.rounds_reduced = rounds_reduced.Get();
-    s.rounds_folded = rounds_folded.Get();
-    s.manifest_mismatches = manifest_mismatches.Get();
-    s.arena_aliases = arena_aliases.Get();
-    s.tuner_trials = tuner_trials.Get();
+#define GRADLANE_SNAPSHOT_FIELD(name, type, metric, label, help) s.name = name.Get();
+    GRADLANE_ENGINE_COUNTERS(GRADLANE_SNAPSHOT_FIELD)
+#undef GRADLANE_SNAPSHOT_FIELD
     return s;
   }
+};
+
+// One counter of the list, as data: what the exporters iterate over.
+enum class CounterType : uint8_t { Counter, Gauge };
+struct CounterInfo {
+  const char* name;
+  CounterType type;
+  const char* metric;
+  const char* label;  // "" or "key=value"
+  const char* help;
+  uint64_t EngineStats::*field;
+};
+inline constexpr CounterInfo kEngineCounters[] = {
+#define GRADLANE_COUNTER_INFO(name, type, metric, label, help) \
+  {#name, CounterType::type, metric, label, help, &EngineStats::name},
+    GRADLANE_ENGINE_COUNTERS(GRADLANE_COUNTER_INFO)
+#undef GRADLANE_COUNTER_INFO
 };
 
 }  // namespace gradlane::daemon

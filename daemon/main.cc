@@ -176,10 +176,11 @@ int main(int argc, char** argv) {
     {
       // One line for the log (and the integration tests): what this run did.
       const gradlane::daemon::EngineStats es = e->Stats();
-      gradlane::daemon::LogLine(absl::StrCat(
-          "engine stats: posts_completed=", es.posts_completed, " posts_failed=", es.posts_failed,
-          " segments_sent=", es.segments_sent, " segments_received=", es.segments_received,
-          " rounds_reduced=", es.rounds_reduced, " rounds_folded=", es.rounds_folded));
+      std::string line = "engine stats:";
+      for (const gradlane::daemon::CounterInfo& c : gradlane::daemon::kEngineCounters) {
+        absl::StrAppend(&line, " ", c.name, "=", es.*c.field);
+      }
+      gradlane::daemon::LogLine(line);
     }
     engine->reset();
     return 0;

@@ -21,7 +21,12 @@ const char* kDirectionNames[kDirections] = {"push", "pull"};
 
 class Families {
  public:
+  // The family called `name`, created on first use: counters that share a family (by label)
+  // may be emitted from different places, and a family must appear once in an exposition.
   MetricFamily& Family(const std::string& name, const std::string& help, MetricType type) {
+    for (MetricFamily& f : out_) {
+      if (f.name == name) return f;
+    }
     out_.push_back(MetricFamily{name, help, type, {}});
     return out_.back();
   }
@@ -143,35 +148,29 @@ std::vector<MetricFamily> CollectMetrics(TelemetryHub& hub) {
         MetricType::Counter);
     fs.Counter(control, {}, static_cast<double>(ss.control_messages_refused));
   }
-  {
+  // The engine's counters, as GRADLANE_ENGINE_COUNTERS declares them. Families that several
+  // counters share (told apart by a label) are described here first: a family's help is the
+  // one it was created with.
+  fs.Family("gradlane_posts_total", "client posts completed, by result", MetricType::Counter);
+  fs.Family("gradlane_errors_total",
+            "errors by kind: malformed or refused peer input (the wire error names), segments "
+            "that did not fit their job, manifest mismatches, dropped telemetry events",
+            MetricType::Counter);
+  for (const CounterInfo& c : kEngineCounters) {
+    const bool gauge = c.type == CounterType::Gauge;
     MetricFamily& f =
-        fs.Family("gradlane_jobs_active", "jobs this daemon serves now", MetricType::Gauge);
-    fs.Gauge(f, {}, static_cast<double>(es.jobs_active));
-  }
-  {
-    MetricFamily& f = fs.Family("gradlane_jobs_failed_total",
-                                "jobs that failed (a post was lost or a configuration error)",
-                                MetricType::Counter);
-    fs.Counter(f, {}, static_cast<double>(es.jobs_failed));
-  }
-  {
-    MetricFamily& f =
-        fs.Family("gradlane_posts_total", "client posts completed, by result", MetricType::Counter);
-    fs.Counter(f, {{"result", "ok"}}, static_cast<double>(es.posts_completed));
-    fs.Counter(f, {{"result", "error"}}, static_cast<double>(es.posts_failed));
-  }
-  {
-    MetricFamily& f = fs.Family("gradlane_rounds_reduced_total",
-                                "shard rounds reduced (all W contributions of a partition summed)",
-                                MetricType::Counter);
-    fs.Counter(f, {}, static_cast<double>(es.rounds_reduced));
-  }
-  {
-    MetricFamily& f = fs.Family("gradlane_rounds_folded_total",
-                                "shard rounds whose last contribution was reduced packet by packet "
-                                "as it arrived (kernel-bypass transports), of rounds_reduced",
-                                MetricType::Counter);
-    fs.Counter(f, {}, static_cast<double>(es.rounds_folded));
+        fs.Family(c.metric, c.help, gauge ? MetricType::Gauge : MetricType::Counter);
+    Labels labels;
+    if (const std::string_view l = c.label; !l.empty()) {
+      const size_t eq = l.find('=');
+      labels.push_back({std::string(l.substr(0, eq)), std::string(l.substr(eq + 1))});
+    }
+    const double v = static_cast<double>(es.*c.field);
+    if (gauge) {
+      fs.Gauge(f, std::move(labels), v);
+    } else {
+      fs.Counter(f, std::move(labels), v);
+    }
   }
   {
     MetricFamily& f =
@@ -200,19 +199,14 @@ std::vector<MetricFamily> CollectMetrics(TelemetryHub& hub) {
     fs.Counter(f, {{"reason", "reset"}}, static_cast<double>(ts.peer_resets));
   }
   {
-    MetricFamily& f = fs.Family("gradlane_errors_total",
-                                "errors by kind: malformed or refused peer input (the wire error "
-                                "names), segments that did not fit their job, manifest "
-                                "mismatches, dropped telemetry events",
-                                MetricType::Counter);
+    // Created above with the engine's kinds; the transport's join them.
+    MetricFamily& f = fs.Family("gradlane_errors_total", "", MetricType::Counter);
     for (size_t k = 1; k < transport::kWireErrorCount; ++k) {
       const auto e = static_cast<transport::WireError>(k);
       if (e == transport::WireError::kShutdown) continue;  // a goodbye, not an error
       fs.Counter(f, {{"kind", std::string(transport::WireErrorName(e))}},
                  static_cast<double>(ts.errors[k]));
     }
-    fs.Counter(f, {{"kind", "segment_rejected"}}, static_cast<double>(es.segments_rejected));
-    fs.Counter(f, {{"kind", "manifest_mismatch"}}, static_cast<double>(es.manifest_mismatches));
     fs.Counter(f, {{"kind", "accept_refused"}}, static_cast<double>(ts.accepts_refused));
     fs.Counter(f, {{"kind", "telemetry_dropped"}}, static_cast<double>(hub.events_dropped()));
   }

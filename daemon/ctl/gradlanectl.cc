@@ -3,6 +3,7 @@
 //
 //   gradlanectl [--socket=PATH] [--json] [--timeout=SECONDS] COMMAND
 //     status                  daemon, engine heartbeat, totals
+//     counters                every engine counter with what it counts (daemon/engine_counters.h)
 //     jobs                    jobs with iteration times
 //     peers                   every job's peer daemons: state, bytes each way
 //     queues                  queued bytes per priority class, credit, queueing delay
@@ -28,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/engine_counters.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -39,7 +41,7 @@ constexpr const char* kDefaultSocket = "/run/gradlane/gradlaned.admin.sock";
 void Usage() {
   std::fprintf(stderr,
                "usage: gradlanectl [--socket=PATH] [--json] [--timeout=SECONDS] COMMAND\n"
-               "  status | jobs | peers | queues | bandwidth\n"
+               "  status | counters | jobs | peers | queues | bandwidth\n"
                "  trace JOB --iterations N [--out FILE] [--max_spans N]\n"
                "socket: --socket, else $GRADLANE_ADMIN_SOCKET, else %s\n",
                kDefaultSocket);
@@ -221,6 +223,22 @@ void PrintStatus(const json& r) {
               Str(r, "telemetry_events_dropped").c_str());
 }
 
+// Every engine counter the daemon declares (daemon/engine_counters.h), with what it counts.
+void PrintCounters(const json& r) {
+  struct Row {
+    const char* name;
+    const char* help;
+  };
+  static constexpr Row kRows[] = {
+#define GRADLANE_CTL_ROW(name, type, metric, label, help) {#name, help},
+      GRADLANE_ENGINE_COUNTERS(GRADLANE_CTL_ROW)
+#undef GRADLANE_CTL_ROW
+  };
+  for (const Row& row : kRows) {
+    std::printf("%-20s %12s  %s\n", row.name, Str(r, row.name).c_str(), row.help);
+  }
+}
+
 void PrintJobs(const json& r) {
   const json& jobs = Array(r, "jobs");
   if (jobs.empty()) {
@@ -377,7 +395,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string cmd = args[0];
-  json req = {{"cmd", cmd}};
+  // `counters` is the status reply, listed counter by counter.
+  json req = {{"cmd", cmd == "counters" ? std::string("status") : cmd}};
   if (cmd == "trace") {
     if (args.size() != 2) {
       std::fprintf(stderr, "gradlanectl: trace needs exactly one JOB\n");
@@ -411,8 +430,8 @@ int main(int argc, char** argv) {
                 Int(od, "spans_dropped", 0) > 0 ? " — buffer full, some spans dropped" : "");
     return 0;
   }
-  if (args.size() != 1 || (cmd != "status" && cmd != "jobs" && cmd != "peers" && cmd != "queues" &&
-                           cmd != "bandwidth")) {
+  if (args.size() != 1 || (cmd != "status" && cmd != "counters" && cmd != "jobs" &&
+                           cmd != "peers" && cmd != "queues" && cmd != "bandwidth")) {
     std::fprintf(stderr, "gradlanectl: unknown command '%s'\n", cmd.c_str());
     Usage();
     return 2;
@@ -423,6 +442,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "status") PrintStatus(r);
+  if (cmd == "counters") PrintCounters(r);
   if (cmd == "jobs") PrintJobs(r);
   if (cmd == "peers") PrintPeers(r);
   if (cmd == "queues") PrintQueues(r);

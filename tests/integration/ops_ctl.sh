@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ops_ctl: gradlanectl against running daemons. While a job of three gradlane-check ranks runs:
-#   - status, jobs, peers, queues, bandwidth answer (text and --json) and show the job, its two
+#   - status, counters, jobs, peers, queues, bandwidth answer (text and --json) and show the job, its two
 #     peers up, its queues per priority class and its estimates;
 #   - `trace JOB --iterations 3` writes a Chrome/Perfetto trace that is valid JSON whose spans
 #     are nested and ordered (tests/integration/check_trace.py);
@@ -54,12 +54,18 @@ j=[x for x in json.load(sys.stdin)["jobs"] if x["job"]=="ctl"]; print(j[0].get("
 done
 ((it >= 3)) || it_fail "job ctl did not reach iteration 3 (at $it)"
 
-for c in status jobs peers queues bandwidth; do
+for c in status counters jobs peers queues bandwidth; do
   echo "\$ gradlanectl $c"
   ctl "$c" | tee "$GL_TMP/ctl-$c.txt"
 done
 grep -Eq '^jobs +1 active' "$GL_TMP/ctl-status.txt" || it_fail "status: not 1 active job"
 grep -Eq '^ctl +0/3 +bytescheduler +active' "$GL_TMP/ctl-jobs.txt" || it_fail "jobs: no active 'ctl 0/3 bytescheduler'"
+# counters: every counter of daemon/engine_counters.h, one line each, with a number.
+want=$(grep -Eo '^ +X\([a-z_]+' "$here/../../daemon/engine_counters.h" | sed 's/.*(//' | sort)
+got=$(awk '$2 ~ /^[0-9]+$/ {print $1}' "$GL_TMP/ctl-counters.txt" | sort)
+[[ -n $want && $want == "$got" ]] || it_fail "counters: want one numeric line per counter of engine_counters.h; got: $got"
+grep -Eq '^jobs_active +1 ' "$GL_TMP/ctl-counters.txt" || it_fail "counters: jobs_active is not 1"
+grep -Eq '^posts_completed +[1-9][0-9]* ' "$GL_TMP/ctl-counters.txt" || it_fail "counters: no completed post"
 [[ $(grep -Ec "^ctl +1 +${GL_ADDR[1]} |^ctl +2 +${GL_ADDR[2]} " "$GL_TMP/ctl-peers.txt") == 2 ]] ||
   it_fail "peers: want ranks 1 and 2 at their addresses"
 [[ $(grep -Ec ' up ' "$GL_TMP/ctl-peers.txt") == 2 ]] || it_fail "peers: want both up"
