@@ -1,4 +1,4 @@
-// transport/fake/fake_transport.h — an in-memory transport with the TcpTransport interface, for
+// tests/fakes/fake_transport.h — an in-memory transport with the TcpTransport interface, for
 // scheduler and daemon tests that need peers without sockets.
 //
 // A FakeNetwork joins any number of FakeTransports by address ("host:port" strings; nothing is
@@ -17,8 +17,8 @@
 //
 // Not for production: it allocates (payload copies, inbox entries) and is single-threaded —
 // every method, Stats() included, on the one test/engine thread.
-#ifndef GRADLANE_TRANSPORT_FAKE_FAKE_TRANSPORT_H_
-#define GRADLANE_TRANSPORT_FAKE_FAKE_TRANSPORT_H_
+#ifndef GRADLANE_TESTS_FAKES_FAKE_TRANSPORT_H_
+#define GRADLANE_TESTS_FAKES_FAKE_TRANSPORT_H_
 
 #include <cstdint>
 #include <deque>
@@ -166,4 +166,4 @@ class FakeTransport final : public Transport {
 
 }  // namespace gradlane::transport::fake
 
-#endif  // GRADLANE_TRANSPORT_FAKE_FAKE_TRANSPORT_H_
+#endif  // GRADLANE_TESTS_FAKES_FAKE_TRANSPORT_H_

@@ -1,4 +1,4 @@
-#include "transport/fake/fake_transport.h"
+#include "tests/fakes/fake_transport.h"
 
 #include <algorithm>
 #include <cstring>
