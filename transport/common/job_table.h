@@ -1,8 +1,8 @@
 // transport/common/job_table.h — the jobs a transport backend serves: each job's credentials (id,
 // local rank, world size, token) by id, at an index a connection keeps for its lifetime.
 //
-// Shared by every backend (TCP, the DPDK reliable protocol) so they check credentials the same
-// way and give the same errors. Entries are never moved: a removed job's entry is marked
+// Shared by every backend (TCP, the DPDK reliable protocol, the test fake) so they check
+// credentials the same way and give the same errors. Entries are never moved: a removed job's entry is marked
 // inactive and reused by a later Add, so an index held by a connection of a removed job still
 // names valid memory (the backend closes those connections when it removes the job).
 // Thread rules: the engine thread that owns the backend (control path; allocates).
@@ -13,6 +13,7 @@
 #include <deque>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "transport/transport.h"
 
@@ -56,6 +57,22 @@ class JobTable {
       if (entries_[i].active && entries_[i].creds.job_id == job_id) return static_cast<int>(i);
     }
     return -1;
+  }
+
+  // RemoveJob_st's lookup: the index, or NotFound.
+  absl::StatusOr<int> FindToRemove(uint64_t job_id) const {
+    const int j = Find(job_id);
+    if (j < 0) return absl::NotFoundError(absl::StrCat("job ", job_id, " not added"));
+    return j;
+  }
+  // Connect_st's lookup: the index, or FailedPrecondition (AddJob_st must come first).
+  absl::StatusOr<int> FindToDial(uint64_t job_id) const {
+    const int j = Find(job_id);
+    if (j < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, " must be added (AddJob_st) before connecting"));
+    }
+    return j;
   }
 
   void Deactivate(int index) { entries_[static_cast<size_t>(index)].active = false; }

@@ -111,8 +111,9 @@ absl::StatusOr<uint16_t> TcpTransport::Listen_st() {
 absl::Status TcpTransport::AddJob_st(const JobCredentials& job) { return jobs_.Add(job); }
 
 absl::Status TcpTransport::RemoveJob_st(uint64_t job_id) {
-  const int j = jobs_.Find(job_id);
-  if (j < 0) return absl::NotFoundError(absl::StrCat("job ", job_id, " not added"));
+  const absl::StatusOr<int> found = jobs_.FindToRemove(job_id);
+  if (!found.ok()) return found.status();
+  const int j = *found;
   conns_.ForEach([&](Connection& c) {
     if (c.state != ConnState::kFree && c.state != ConnState::kDead && c.job_index == j) {
       Teardown(c, absl::CancelledError(absl::StrCat("job ", job_id, " removed")));
@@ -124,11 +125,8 @@ absl::Status TcpTransport::RemoveJob_st(uint64_t job_id) {
 
 absl::StatusOr<PeerHandle> TcpTransport::Connect_st(const JobCredentials& job,
                                                     std::string_view address, TimeNs now) {
-  const int j = jobs_.Find(job.job_id);
-  if (j < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", job.job_id, " must be added (AddJob_st) before connecting"));
-  }
+  const absl::StatusOr<int> j = jobs_.FindToDial(job.job_id);
+  if (!j.ok()) return j.status();
   absl::StatusOr<SockAddr> addr = ParseHostPort(address);
   if (!addr.ok()) return addr.status();
   Connection* c = AllocSlot(/*inbound=*/false);
@@ -138,7 +136,7 @@ absl::StatusOr<PeerHandle> TcpTransport::Connect_st(const JobCredentials& job,
   }
   c->inbound = false;
   c->known = true;
-  c->job_index = j;
+  c->job_index = *j;
   c->addr = *std::move(addr);
   c->give_up_at = now + options_.connect_deadline;
   c->backoff = options_.connect_initial_backoff;

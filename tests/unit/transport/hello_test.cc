@@ -99,6 +99,24 @@ TEST_F(CheckHelloTest, RankThatDoesNotFit) {
   ExpectRefused(f, WireError::kBadRank, absl::StatusCode::kInvalidArgument);
 }
 
+TEST(JobTable, AddChecksCredentialsAndLookupsSayWhatIsMissing) {
+  JobTable jobs;
+  EXPECT_EQ(jobs.Add(JobCredentials{1, 0, 2, std::string(kMaxTokenBytes + 1, 't')}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobs.Add(JobCredentials{1, 2, 2, "t"}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobs.Add(JobCredentials{1, 0, 0, "t"}).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(jobs.Add(JobCredentials{1, 0, 2, "t"}).ok());
+  EXPECT_EQ(jobs.Add(JobCredentials{1, 1, 2, "t"}).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(*jobs.FindToDial(1), 0);
+  EXPECT_EQ(*jobs.FindToRemove(1), 0);
+  EXPECT_EQ(jobs.FindToDial(2).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(jobs.FindToRemove(2).status().code(), absl::StatusCode::kNotFound);
+  jobs.Deactivate(0);
+  EXPECT_EQ(jobs.FindToRemove(1).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(jobs.Add(JobCredentials{3, 0, 2, "t"}).ok());
+  EXPECT_EQ(jobs.Find(3), 0) << "a removed job's entry is reused";
+}
+
 TEST(Hello, CheckHelloOkWantsOurJobAndAFittingRank) {
   const JobCredentials me = Creds(0);
   EXPECT_TRUE(CheckHelloOk(me, MakeHeader(FrameType::kHelloOk, kJob, 3)).ok());
