@@ -80,18 +80,12 @@ absl::StatusOr<uint16_t> FakeTransport::Listen_st() {
 absl::Status FakeTransport::AddJob_st(const JobCredentials& job) { return jobs_.Add(job); }
 
 absl::Status FakeTransport::RemoveJob_st(uint64_t job_id) {
-  const absl::StatusOr<int> found = jobs_.FindToRemove(job_id);
-  if (!found.ok()) return found.status();
-  const int j = *found;
-  conns_.ForEach([&](Conn& c) {
-    if (c.job == j && c.state != State::kDown) {
-      Down(c, absl::CancelledError(absl::StrCat("job ", job_id, " removed")), /*tell_peer=*/true, now_);
-    }
+  // Connections keep their index into jobs_ until their slots are freed.
+  return jobs_.Remove(job_id, [&](int j, const absl::Status& why) {
+    conns_.ForEach([&](Conn& c) {
+      if (c.job == j && c.state != State::kDown) Down(c, why, /*tell_peer=*/true, now_);
+    });
   });
-  // Connections keep their index into jobs_ until their slots are freed; the entry is hidden
-  // from hellos and dials from now on.
-  jobs_.Deactivate(j);
-  return absl::OkStatus();
 }
 
 absl::StatusOr<PeerHandle> FakeTransport::Connect_st(const JobCredentials& job,

@@ -59,11 +59,17 @@ class JobTable {
     return -1;
   }
 
-  // RemoveJob_st's lookup: the index, or NotFound.
-  absl::StatusOr<int> FindToRemove(uint64_t job_id) const {
+  // RemoveJob_st for every backend: NotFound for a job not added; otherwise
+  // close_connections(index, why) closes the job's connections — failing their pending sends
+  // and reporting them down with `why` (Cancelled), synchronously — and then the job is no
+  // longer served (its hellos and dials are refused from then on).
+  template <class CloseConnections>
+  absl::Status Remove(uint64_t job_id, CloseConnections&& close_connections) {
     const int j = Find(job_id);
     if (j < 0) return absl::NotFoundError(absl::StrCat("job ", job_id, " not added"));
-    return j;
+    close_connections(j, absl::CancelledError(absl::StrCat("job ", job_id, " removed")));
+    Deactivate(j);
+    return absl::OkStatus();
   }
   // Connect_st's lookup: the index, or FailedPrecondition (AddJob_st must come first).
   absl::StatusOr<int> FindToDial(uint64_t job_id) const {

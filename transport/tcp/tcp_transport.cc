@@ -111,16 +111,11 @@ absl::StatusOr<uint16_t> TcpTransport::Listen_st() {
 absl::Status TcpTransport::AddJob_st(const JobCredentials& job) { return jobs_.Add(job); }
 
 absl::Status TcpTransport::RemoveJob_st(uint64_t job_id) {
-  const absl::StatusOr<int> found = jobs_.FindToRemove(job_id);
-  if (!found.ok()) return found.status();
-  const int j = *found;
-  conns_.ForEach([&](Connection& c) {
-    if (c.state != ConnState::kFree && c.state != ConnState::kDead && c.job_index == j) {
-      Teardown(c, absl::CancelledError(absl::StrCat("job ", job_id, " removed")));
-    }
+  return jobs_.Remove(job_id, [&](int j, const absl::Status& why) {
+    conns_.ForEach([&](Connection& c) {
+      if (c.state != ConnState::kFree && c.state != ConnState::kDead && c.job_index == j) Teardown(c, why);
+    });
   });
-  jobs_.Deactivate(j);
-  return absl::OkStatus();
 }
 
 absl::StatusOr<PeerHandle> TcpTransport::Connect_st(const JobCredentials& job,

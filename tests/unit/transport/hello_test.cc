@@ -108,11 +108,20 @@ TEST(JobTable, AddChecksCredentialsAndLookupsSayWhatIsMissing) {
   ASSERT_TRUE(jobs.Add(JobCredentials{1, 0, 2, "t"}).ok());
   EXPECT_EQ(jobs.Add(JobCredentials{1, 1, 2, "t"}).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(*jobs.FindToDial(1), 0);
-  EXPECT_EQ(*jobs.FindToRemove(1), 0);
   EXPECT_EQ(jobs.FindToDial(2).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(jobs.FindToRemove(2).status().code(), absl::StatusCode::kNotFound);
-  jobs.Deactivate(0);
-  EXPECT_EQ(jobs.FindToRemove(1).status().code(), absl::StatusCode::kNotFound);
+  int closed = -1;
+  auto close = [&](int j, const absl::Status& why) {
+    closed = j;
+    EXPECT_EQ(why.code(), absl::StatusCode::kCancelled);
+    EXPECT_EQ(jobs.Find(1), j) << "still served while its connections close";
+  };
+  EXPECT_EQ(jobs.Remove(2, close).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(closed, -1);
+  ASSERT_TRUE(jobs.Remove(1, close).ok());
+  EXPECT_EQ(closed, 0);
+  EXPECT_EQ(jobs.Find(1), -1);
+  EXPECT_EQ(jobs.FindToDial(1).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(jobs.Remove(1, close).code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(jobs.Add(JobCredentials{3, 0, 2, "t"}).ok());
   EXPECT_EQ(jobs.Find(3), 0) << "a removed job's entry is reused";
 }
