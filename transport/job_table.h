@@ -1,71 +1,9 @@
-// transport/job_table.h — the jobs a transport backend serves: each job's credentials (id,
-// local rank, world size, token) by id, at an index a connection keeps for its lifetime.
-//
-// Shared by every backend (TCP, the DPDK reliable protocol) so they check credentials the same
-// way and give the same errors. Entries are never moved: a removed job's entry is marked
-// inactive and reused by a later Add, so an index held by a connection of a removed job still
-// names valid memory (the backend closes those connections when it removes the job).
-// Thread rules: the engine thread that owns the backend (control path; allocates).
+// transport/job_table.h — moved to transport/common/job_table.h. This forwarding header stays
+// only while transport/dpdk/reliable_transport.h (being split into transport/datagram/) still
+// includes the old path; delete it when that lands on transport/common/.
 #ifndef GRADLANE_TRANSPORT_JOB_TABLE_H_
 #define GRADLANE_TRANSPORT_JOB_TABLE_H_
 
-#include <cstdint>
-#include <deque>
-
-#include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
-#include "transport/transport.h"
-
-namespace gradlane::transport {
-
-class JobTable {
- public:
-  struct Entry {
-    bool active = false;
-    JobCredentials creds;
-  };
-
-  // Checks the credentials and adds the job. InvalidArgument for a token longer than
-  // kMaxTokenBytes or a rank outside the world; AlreadyExists if the id is already served.
-  absl::Status Add(const JobCredentials& job) {
-    if (job.token.size() > kMaxTokenBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("auth token of job ", job.job_id,
-                                                     " is longer than ", kMaxTokenBytes, " bytes"));
-    }
-    if (job.world_size == 0 || job.local_rank >= job.world_size) {
-      return absl::InvalidArgumentError(absl::StrCat("job ", job.job_id, ": rank ", job.local_rank,
-                                                     " out of range for world size ",
-                                                     job.world_size));
-    }
-    if (Find(job.job_id) >= 0) {
-      return absl::AlreadyExistsError(absl::StrCat("job ", job.job_id, " already added"));
-    }
-    for (Entry& e : entries_) {
-      if (!e.active) {
-        e = Entry{true, job};
-        return absl::OkStatus();
-      }
-    }
-    entries_.push_back(Entry{true, job});
-    return absl::OkStatus();
-  }
-
-  // The index of the active job with this id, or -1.
-  int Find(uint64_t job_id) const {
-    for (size_t i = 0; i < entries_.size(); ++i) {
-      if (entries_[i].active && entries_[i].creds.job_id == job_id) return static_cast<int>(i);
-    }
-    return -1;
-  }
-
-  void Deactivate(int index) { entries_[static_cast<size_t>(index)].active = false; }
-
-  const Entry& operator[](int index) const { return entries_[static_cast<size_t>(index)]; }
-
- private:
-  std::deque<Entry> entries_;  // a deque: growing never moves an entry
-};
-
-}  // namespace gradlane::transport
+#include "transport/common/job_table.h"
 
 #endif  // GRADLANE_TRANSPORT_JOB_TABLE_H_

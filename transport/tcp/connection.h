@@ -14,17 +14,18 @@
 // nothing here allocates on the data path. A connection that has not authenticated holds only
 // a handshake-sized control buffer, so a flood of tokenless connections pins little memory, and
 // an idle slot pins none. Engine thread only (owned by TcpTransport). No syscalls here: the
-// transport does the I/O, this class only builds iovecs and accounts for what was written.
+// transport does the I/O, this class only builds iovecs and accounts for what was written. The
+// slot and its handle (index + generation) are transport/common/connection_table.h's.
 #ifndef GRADLANE_TRANSPORT_TCP_CONNECTION_H_
 #define GRADLANE_TRANSPORT_TCP_CONNECTION_H_
 
 #include <sys/uio.h>
 
 #include <array>
-#include <atomic>
 #include <cstdint>
 #include <vector>
 
+#include "transport/common/completions.h"
 #include "transport/tcp/socket_util.h"
 #include "transport/transport.h"
 #include "transport/wire.h"
@@ -43,12 +44,6 @@ enum class ConnState : uint8_t {
 };
 
 enum class RxState : uint8_t { kHeader, kBody, kPayload, kDiscard };
-
-struct PendingSend {
-  FrameHeader header;
-  const uint8_t* payload;
-  uint64_t cookie;
-};
 
 class Connection {
  public:
@@ -92,9 +87,6 @@ class Connection {
 
   // --- identity and timers ---------------------------------------------------------------
   ConnState state = ConnState::kFree;
-  // Atomic only so PeerStatsOf() on a metrics thread can check a handle without a data race;
-  // written by the engine thread when a slot is recycled.
-  std::atomic<uint32_t> generation{0};
   int fd = -1;
   bool inbound = false;
   bool epollout_armed = false;

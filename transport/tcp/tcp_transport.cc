@@ -8,16 +8,17 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "transport/common/hello.h"
 
 namespace gradlane::transport::tcp {
 namespace {
 
-constexpr uint64_t kListenerTag = ~0ull;
-constexpr uint32_t kIndexBits = 16;
-constexpr uint32_t kIndexMask = (1u << kIndexBits) - 1;
+constexpr uint64_t kListenerTag = ~0ull;  // never a PeerHandle: those are 32-bit
 constexpr uint32_t kMaxConnections = 4096;
 constexpr TimeNs kTimerScanPeriod = sched::kMillisecond;
 // Per Progress_st call and connection: bounds the time one busy peer can hold the engine.
@@ -66,30 +67,22 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(const Transpo
 }
 
 TcpTransport::TcpTransport(const TransportOptions& options, TransportHandler* handler)
-    : options_(options), handler_(handler) {}
+    : options_(options), handler_(handler), regions_(options.max_regions) {}
 
 absl::Status TcpTransport::Init() {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) return absl::InternalError(absl::StrCat("epoll_create1: ", ErrnoText(errno)));
-  conn_storage_ = std::make_unique<Connection[]>(options_.max_connections);
-  conns_ = std::span<Connection>(conn_storage_.get(), options_.max_connections);
-  free_slots_.reserve(conns_.size());
-  dead_slots_.reserve(conns_.size());
-  dirty_.reserve(conns_.size());
-  for (uint32_t i = 0; i < conns_.size(); ++i) {
-    conns_[i].generation.store(1, std::memory_order_relaxed);
-    free_slots_.push_back(static_cast<uint32_t>(conns_.size() - 1 - i));  // pop_back gives slot 0 first
-  }
-  events_.resize(conns_.size() + 1);
-  regions_.reserve(options_.max_regions);
+  if (absl::Status s = conns_.Init(options_.max_connections); !s.ok()) return s;
+  dirty_.reserve(options_.max_connections);
+  events_.resize(options_.max_connections + 1);
   discard_.resize(kDiscardBytes);
   return absl::OkStatus();
 }
 
 TcpTransport::~TcpTransport() {
-  for (Connection& c : conns_) {
+  conns_.ForEach([](Connection& c) {
     if (c.fd >= 0) close(c.fd);
-  }
+  });
   if (listen_fd_ >= 0) close(listen_fd_);
   if (epoll_fd_ >= 0) close(epoll_fd_);
 }
@@ -118,34 +111,27 @@ absl::StatusOr<uint16_t> TcpTransport::Listen_st() {
 absl::Status TcpTransport::AddJob_st(const JobCredentials& job) { return jobs_.Add(job); }
 
 absl::Status TcpTransport::RemoveJob_st(uint64_t job_id) {
-  const int j = jobs_.Find(job_id);
-  if (j < 0) return absl::NotFoundError(absl::StrCat("job ", job_id, " not added"));
-  for (Connection& c : conns_) {
-    if (c.state != ConnState::kFree && c.state != ConnState::kDead && c.job_index == j) {
-      Teardown(c, absl::CancelledError(absl::StrCat("job ", job_id, " removed")));
-    }
-  }
-  jobs_.Deactivate(j);
-  return absl::OkStatus();
+  return jobs_.Remove(job_id, [&](int j, const absl::Status& why) {
+    conns_.ForEach([&](Connection& c) {
+      if (c.state != ConnState::kFree && c.state != ConnState::kDead && c.job_index == j) Teardown(c, why);
+    });
+  });
 }
 
 absl::StatusOr<PeerHandle> TcpTransport::Connect_st(const JobCredentials& job,
                                                     std::string_view address, TimeNs now) {
-  const int j = jobs_.Find(job.job_id);
-  if (j < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", job.job_id, " must be added (AddJob_st) before connecting"));
-  }
+  const absl::StatusOr<int> j = jobs_.FindToDial(job.job_id);
+  if (!j.ok()) return j.status();
   absl::StatusOr<SockAddr> addr = ParseHostPort(address);
   if (!addr.ok()) return addr.status();
   Connection* c = AllocSlot(/*inbound=*/false);
   if (c == nullptr) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("all ", conns_.size(), " connection slots in use"));
+        absl::StrCat("all ", conns_.capacity(), " connection slots in use"));
   }
   c->inbound = false;
   c->known = true;
-  c->job_index = j;
+  c->job_index = *j;
   c->addr = *std::move(addr);
   c->give_up_at = now + options_.connect_deadline;
   c->backoff = options_.connect_initial_backoff;
@@ -154,7 +140,7 @@ absl::StatusOr<PeerHandle> TcpTransport::Connect_st(const JobCredentials& job,
 }
 
 void TcpTransport::Disconnect_st(PeerHandle peer, TimeNs now) {
-  Connection* c = Lookup(peer);
+  Connection* c = conns_.Lookup(peer);
   if (c == nullptr || c->state == ConnState::kDead || c->state == ConnState::kLingering) return;
   const absl::Status why = absl::CancelledError("disconnected by this daemon");
   if (c->state == ConnState::kEstablished && c->write_off == 0) {
@@ -166,38 +152,20 @@ void TcpTransport::Disconnect_st(PeerHandle peer, TimeNs now) {
 }
 
 absl::StatusOr<RegionId> TcpTransport::RegisterRegion_st(void* base, uint64_t bytes) {
-  if (base == nullptr && bytes > 0) return absl::InvalidArgumentError("region base is null");
-  for (size_t i = 0; i < regions_.size(); ++i) {
-    if (!regions_[i].used) {
-      regions_[i] = Region{static_cast<uint8_t*>(base), bytes, true};
-      return static_cast<RegionId>(i);
-    }
-  }
-  if (regions_.size() >= options_.max_regions) {
-    return absl::ResourceExhaustedError(absl::StrCat("all ", options_.max_regions, " regions in use"));
-  }
-  regions_.push_back(Region{static_cast<uint8_t*>(base), bytes, true});
-  return static_cast<RegionId>(regions_.size() - 1);
+  return regions_.Register(base, bytes);
 }
 
-absl::Status TcpTransport::UnregisterRegion_st(RegionId region) {
-  if (region >= regions_.size() || !regions_[region].used) {
-    return absl::NotFoundError(absl::StrCat("region ", region, " not registered"));
-  }
-  regions_[region] = Region{};
-  return absl::OkStatus();
-}
+absl::Status TcpTransport::UnregisterRegion_st(RegionId region) { return regions_.Unregister(region); }
 
 // ---- data path --------------------------------------------------------------------------------
 
 absl::Status TcpTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
-  Connection* c = Lookup(peer);
+  Connection* c = conns_.Lookup(peer);
   if (c == nullptr || c->state == ConnState::kDead || c->state == ConnState::kLingering) {
     return absl::NotFoundError("peer handle is not connected");
   }
   if (c->RingFull()) return absl::ResourceExhaustedError("peer send queue full");
-  const absl::StatusOr<const uint8_t*> payload =
-      ResolveSendPayload(regions_, spec, options_.max_segment_bytes);
+  const absl::StatusOr<const uint8_t*> payload = regions_.ResolveSend(spec, options_.max_segment_bytes);
   if (!payload.ok()) return payload.status();
   const bool was_idle = !c->HasPending();
   const JobTable::Entry& job = jobs_[c->job_index];
@@ -220,7 +188,7 @@ int TcpTransport::Progress_st(TimeNs now, int wait_ms) {
   auto flush_dirty = [&] {
     const size_t n = dirty_.size();
     for (size_t i = 0; i < n; ++i) {
-      Connection& c = conns_[dirty_[i]];
+      Connection& c = conns_.at(dirty_[i]);
       c.in_dirty_list = false;
       Flush(c, now);
     }
@@ -236,7 +204,7 @@ int TcpTransport::Progress_st(TimeNs now, int wait_ms) {
       ++handled;
       continue;
     }
-    Connection* c = Lookup(static_cast<PeerHandle>(ev.data.u64));
+    Connection* c = conns_.Lookup(static_cast<PeerHandle>(ev.data.u64));
     if (c == nullptr || c->state == ConnState::kDead) continue;  // torn down earlier this round
     HandleEvent(*c, ev.events, now);
     ++handled;
@@ -347,23 +315,15 @@ bool TcpTransport::OnHeader(Connection& c, TimeNs now) {
         return true;
       }
       if (type != FrameType::kHelloOk) return unexpected("during the handshake");
-      const JobCredentials& job = jobs_[c.job_index].creds;
-      if (h.job_id != job.job_id) {
-        Refuse(c, FrameType::kGoodbye, WireError::kUnknownJob,
-               absl::InvalidArgumentError("peer accepted a different job"), now);
-        return false;
-      }
-      if (h.sender_rank >= job.world_size || h.sender_rank == job.local_rank) {
-        Refuse(c, FrameType::kGoodbye, WireError::kBadRank,
-               absl::InvalidArgumentError(absl::StrCat("peer claims rank ", h.sender_rank)), now);
+      if (const HandshakeCheck ok = CheckHelloOk(jobs_[c.job_index].creds, h); !ok.ok()) {
+        Refuse(c, FrameType::kGoodbye, ok.code, ok.status, now);
         return false;
       }
       c.peer_rank = h.sender_rank;
       c.state = ConnState::kEstablished;
       c.last_progress = now;
-      counters_.peers_up.Add_st(1);
       MarkDirty(c);  // sends posted while connecting
-      handler_->OnPeerUp_st(InfoOf(c));
+      report_.PeerUp(InfoOf(c));
       return c.state == ConnState::kEstablished;
     }
     case ConnState::kEstablished:
@@ -382,18 +342,14 @@ bool TcpTransport::OnHeader(Connection& c, TimeNs now) {
     case FrameType::kData: {
       c.rx_target = handler_->ResolveRecv_st(InfoOf(c), h);
       if (c.state != ConnState::kEstablished) return false;
-      bool ok = c.rx_target.accept && c.rx_target.region < regions_.size() &&
-                regions_[c.rx_target.region].used;
-      if (ok) {
-        const Region& r = regions_[c.rx_target.region];
-        ok = c.rx_target.region_offset <= r.bytes && h.length <= r.bytes - c.rx_target.region_offset;
-        if (ok) c.rx_dst = r.base + c.rx_target.region_offset;
-      }
-      if (!ok) {
+      const std::optional<uint8_t*> dst = regions_.ResolveRecv(c.rx_target, h.length);
+      if (dst.has_value()) {
+        c.rx_dst = *dst;
+      } else {
         c.rx_target.accept = false;
-        CountError(WireError::kNoTarget);
+        report_.CountError(WireError::kNoTarget);
       }
-      c.rx_state = ok ? RxState::kPayload : RxState::kDiscard;
+      c.rx_state = dst.has_value() ? RxState::kPayload : RxState::kDiscard;
       if (h.length == 0) return OnPayloadDone(c, now);
       return true;
     }
@@ -415,34 +371,13 @@ bool TcpTransport::OnBody(Connection& c, TimeNs now) {
   if (type == FrameType::kHello) {
     HelloBody b;
     std::memcpy(&b, c.rx_body.data(), sizeof(b));
-    if (const WireError e = CheckHelloBody(b); e != WireError::kNone) {
-      Refuse(c, FrameType::kReject, e, absl::InvalidArgumentError("malformed hello body"), now);
+    const HandshakeCheck check = CheckHello(jobs_, h, b);
+    if (!check.ok()) {
+      Refuse(c, FrameType::kReject, check.code, check.status, now);
       return false;
     }
-    const int j = jobs_.Find(h.job_id);
-    if (j < 0) {
-      Refuse(c, FrameType::kReject, WireError::kUnknownJob,
-             absl::NotFoundError(absl::StrCat("job ", h.job_id, " is not registered on this daemon")), now);
-      return false;
-    }
-    const JobCredentials& job = jobs_[j].creds;
-    const std::span<const uint8_t> given(b.token, b.token_bytes);
-    const std::span<const uint8_t> want(reinterpret_cast<const uint8_t*>(job.token.data()), job.token.size());
-    if (!TokensEqual(given, want)) {
-      Refuse(c, FrameType::kReject, WireError::kAuthFailed,
-             absl::PermissionDeniedError(absl::StrCat("auth token mismatch for job ", h.job_id)), now);
-      return false;
-    }
-    if (b.world_size != job.world_size || b.rank >= job.world_size || b.rank == job.local_rank ||
-        h.sender_rank != b.rank) {
-      Refuse(c, FrameType::kReject, WireError::kBadRank,
-             absl::InvalidArgumentError(absl::StrCat("rank ", b.rank, " of world ", b.world_size,
-                                                     " does not fit job ", h.job_id, " (world ",
-                                                     job.world_size, ", we are rank ", job.local_rank, ")")),
-             now);
-      return false;
-    }
-    c.job_index = j;
+    const JobCredentials& job = jobs_[check.job_index].creds;
+    c.job_index = check.job_index;
     c.peer_rank = b.rank;
     // Authenticated: only now is the connection worth a full send ring and ack buffer.
     const uint64_t before = c.StorageBytes();
@@ -453,28 +388,14 @@ bool TcpTransport::OnBody(Connection& c, TimeNs now) {
     c.state = ConnState::kEstablished;
     c.known = true;
     c.last_progress = now;
-    counters_.peers_up.Add_st(1);
     MarkDirty(c);
-    handler_->OnPeerUp_st(InfoOf(c));
+    report_.PeerUp(InfoOf(c));
     return c.state == ConnState::kEstablished;
   }
-  // kReject or kGoodbye: a code and a reason.
-  ErrorBody eb;
-  std::memcpy(&eb, c.rx_body.data(), sizeof(eb));
-  const size_t reason_bytes = std::min<size_t>(eb.reason_bytes, h.payload_bytes - kErrorBodyBytes);
-  const std::string_view reason(reinterpret_cast<const char*>(c.rx_body.data()) + kErrorBodyBytes,
-                                reason_bytes);
-  const WireError code = eb.code < kWireErrorCount ? static_cast<WireError>(eb.code) : WireError::kNone;
-  const std::string peer = c.inbound ? absl::StrCat("rank ", c.peer_rank) : c.addr.text;
-  if (type == FrameType::kReject) {
-    // A refusal is final (wrong token, job, version, rank): retrying cannot fix it.
-    Teardown(c, WireErrorStatus(code, absl::StrCat("peer ", peer, " rejected the connection (",
-                                                std::string(WireErrorName(code)), "): ", std::string(reason))));
-    return false;
-  }
-  Teardown(c, WireErrorStatus(code == WireError::kNone ? WireError::kShutdown : code,
-                           absl::StrCat("peer ", peer, " closed the connection (",
-                                        std::string(WireErrorName(code)), "): ", std::string(reason))));
+  // kReject or kGoodbye: a code and a reason. A refusal is final (wrong token, job, version,
+  // rank): retrying cannot fix it, so it tears down rather than backing off.
+  const PeerError error = ParseErrorPayload(std::span<const uint8_t>(c.rx_body.data(), h.payload_bytes));
+  Teardown(c, PeerClosedStatus(type, error, c.inbound ? absl::StrCat("rank ", c.peer_rank) : c.addr.text));
   return false;
 }
 
@@ -485,11 +406,7 @@ bool TcpTransport::OnPayloadDone(Connection& c, TimeNs now) {
   const JobTable::Entry& job = jobs_[c.job_index];
   const bool accepted = c.rx_target.accept;
   if (accepted) {
-    c.counters.bytes_received.Add_st(h.length);
-    c.counters.frames_received.Add_st(1);
-    counters_.total.bytes_received.Add_st(h.length);
-    counters_.total.frames_received.Add_st(1);
-    handler_->OnRecvDone_st(InfoOf(c), h, c.rx_target, now);
+    report_.Received(InfoOf(c), c.counters, h, c.rx_target, now);
     if (c.state != ConnState::kEstablished) return false;
   }
   // Acknowledge only after the engine has the bytes: the sender's credit returns on this.
@@ -499,8 +416,7 @@ bool TcpTransport::OnPayloadDone(Connection& c, TimeNs now) {
     Teardown(c, absl::InternalError("ack buffer overflow"));
     return false;
   }
-  c.counters.acks_sent.Add_st(1);
-  counters_.total.acks_sent.Add_st(1);
+  report_.AckSent(c.counters);
   MarkDirty(c);
   return true;
 }
@@ -522,20 +438,8 @@ bool TcpTransport::OnAck(Connection& c, TimeNs now) {
            now);
     return false;
   }
-  const SendCompletion done{HandleOf(c), s.cookie, s.header.key, s.header.iteration,
-                            s.header.offset, s.header.length};
   ++c.ack_idx;
-  c.counters.acks_received.Add_st(1);
-  counters_.total.acks_received.Add_st(1);
-  if ((h.flags & kFlagAckRejected) != 0) {
-    c.counters.sends_failed.Add_st(1);
-    counters_.total.sends_failed.Add_st(1);
-    handler_->OnSendFailed_st(done, absl::FailedPreconditionError(absl::StrFormat(
-                                        "peer rank %d had no destination for key %d iteration %d",
-                                        c.peer_rank, done.key, done.iteration)));
-  } else {
-    handler_->OnSendAcked_st(done, now);
-  }
+  report_.SendAcked(HandleOf(c), c.peer_rank, c.counters, s, (h.flags & kFlagAckRejected) != 0, now);
   return c.state == ConnState::kEstablished;
 }
 
@@ -573,13 +477,7 @@ void TcpTransport::Flush(Connection& c, TimeNs now) {
     const uint64_t before = c.write_idx;
     c.Consume(static_cast<size_t>(w));
     for (uint64_t idx = before; idx != c.write_idx; ++idx) {
-      const PendingSend& s = c.Slot(idx);
-      c.counters.bytes_sent.Add_st(s.header.length);
-      c.counters.frames_sent.Add_st(1);
-      counters_.total.bytes_sent.Add_st(s.header.length);
-      counters_.total.frames_sent.Add_st(1);
-      handler_->OnSendDone_st(SendCompletion{HandleOf(c), s.cookie, s.header.key,
-                                             s.header.iteration, s.header.offset, s.header.length});
+      report_.SendLeft(HandleOf(c), c.counters, c.Slot(idx));
       if (c.state != ConnState::kEstablished) return;
     }
   }
@@ -594,7 +492,7 @@ void TcpTransport::Flush(Connection& c, TimeNs now) {
 void TcpTransport::MarkDirty(Connection& c) {
   if (c.in_dirty_list) return;
   c.in_dirty_list = true;
-  dirty_.push_back(static_cast<uint32_t>(&c - conns_.data()));
+  dirty_.push_back(conns_.IndexOf(c));
 }
 
 void TcpTransport::UpdateEpollOut(Connection& c, bool want) {
@@ -672,16 +570,8 @@ void TcpTransport::AttemptFailed(Connection& c, const absl::Status& why, TimeNs 
 
 void TcpTransport::OnConnected(Connection& c, TimeNs now) {
   TunePeerSocket(c.fd, options_);
-  const JobCredentials& job = jobs_[c.job_index].creds;
-  FrameHeader h = MakeHeader(FrameType::kHello, job.job_id, job.local_rank);
-  h.payload_bytes = kHelloBodyBytes;
-  HelloBody b;
-  std::memset(&b, 0, sizeof(b));
-  b.rank = job.local_rank;
-  b.world_size = job.world_size;
-  b.token_bytes = static_cast<uint16_t>(job.token.size());
-  std::memcpy(b.token, job.token.data(), job.token.size());
-  c.AppendCtrl(h, &b, sizeof(b));
+  const HelloFrame hello = MakeHello(jobs_[c.job_index].creds);
+  c.AppendCtrl(hello.header, &hello.body, sizeof(hello.body));
   c.state = ConnState::kHelloSent;
   c.last_progress = now;
   UpdateEpollOut(c, false);
@@ -693,7 +583,7 @@ void TcpTransport::CheckTimers(TimeNs now) {
   // (hundreds of thousands of steps a second under load) would only burn the engine's core.
   if (now - last_timer_scan_ < kTimerScanPeriod) return;
   last_timer_scan_ = now;
-  for (Connection& c : conns_.first(slots_high_water_)) {
+  conns_.ForEach([&](Connection& c) {
     switch (c.state) {
       case ConnState::kBackoff:
         if (now < c.retry_at) break;
@@ -714,7 +604,7 @@ void TcpTransport::CheckTimers(TimeNs now) {
         break;
       case ConnState::kAwaitHello:
         if (now >= c.attempt_deadline) {
-          CountError(WireError::kTimeout);
+          report_.CountError(WireError::kTimeout);
           Teardown(c, absl::DeadlineExceededError("no hello"));
         }
         break;
@@ -738,12 +628,12 @@ void TcpTransport::CheckTimers(TimeNs now) {
       default:
         break;
     }
-  }
+  });
 }
 
 void TcpTransport::Refuse(Connection& c, FrameType type, WireError code, const absl::Status& why,
                           TimeNs now) {
-  if (code != WireError::kShutdown) CountError(code);
+  if (code != WireError::kShutdown) report_.CountError(code);
   const bool can_say_why = c.write_off == 0;  // never inside a half-written data frame
   // Fail the engine's pending work first (in order), then tell it the peer is down.
   const ConnState was = c.state;
@@ -756,38 +646,20 @@ void TcpTransport::Refuse(Connection& c, FrameType type, WireError code, const a
   }
   const uint64_t job_id = c.job_index >= 0 ? jobs_[c.job_index].creds.job_id : c.rx_header.job_id;
   const uint16_t rank = c.job_index >= 0 ? jobs_[c.job_index].creds.local_rank : 0;
-  FrameHeader h = MakeHeader(type, job_id, rank);
-  struct {
-    ErrorBody body;
-    char reason[kMaxReasonBytes];
-  } msg;
-  const absl::string_view text = why.message();
-  msg.body.code = static_cast<uint32_t>(code);
-  msg.body.reason_bytes = static_cast<uint32_t>(std::min(text.size(), kMaxReasonBytes));
-  std::memcpy(msg.reason, text.data(), msg.body.reason_bytes);
-  h.payload_bytes = static_cast<uint32_t>(kErrorBodyBytes + msg.body.reason_bytes);
-  c.AppendCtrl(h, &msg, h.payload_bytes);
+  const absl::string_view text = why.message();  // not std::string_view in this absl
+  const ErrorFrame f = MakeErrorFrame(type, job_id, rank, code, std::string_view(text.data(), text.size()));
+  c.AppendCtrl(f.header, &f.payload, f.header.payload_bytes);
   MarkDirty(c);
 }
 
-// Every send still pending on `c` fails, in post order, before the engine hears the peer is
-// down, so it never sees a peer-down with sends of that peer still outstanding.
 void TcpTransport::FailPendingAndReportDown(Connection& c, const absl::Status& why) {
-  const bool report = c.known;
-  c.known = false;
-  for (uint64_t idx = c.ack_idx; idx != c.post_idx; ++idx) {
-    const PendingSend& s = c.Slot(idx);
-    c.counters.sends_failed.Add_st(1);
-    counters_.total.sends_failed.Add_st(1);
-    handler_->OnSendFailed_st(SendCompletion{HandleOf(c), s.cookie, s.header.key, s.header.iteration,
-                                             s.header.offset, s.header.length},
-                              why);
-  }
-  c.ack_idx = c.write_idx = c.post_idx;
-  if (report) {
-    counters_.peers_down.Add_st(1);
-    handler_->OnPeerDown_st(InfoOf(c), why);
-  }
+  // The ring in post order: [ack_idx, write_idx) is unacknowledged, [write_idx, post_idx) unwritten.
+  report_.FailPendingAndReportDown(InfoOf(c), c.known, c.counters, [&c]() -> const PendingSend* {
+    if (c.ack_idx == c.post_idx) return nullptr;
+    const PendingSend* s = &c.Slot(c.ack_idx++);
+    c.write_idx = std::max(c.write_idx, c.ack_idx);
+    return s;
+  }, why);
 }
 
 void TcpTransport::Teardown(Connection& c, const absl::Status& why) {
@@ -795,7 +667,7 @@ void TcpTransport::Teardown(Connection& c, const absl::Status& why) {
   c.state = ConnState::kDead;
   CloseFd(c);
   FailPendingAndReportDown(c, why);
-  dead_slots_.push_back(static_cast<uint32_t>(&c - conns_.data()));
+  conns_.Retire(c);
 }
 
 void TcpTransport::CloseFd(Connection& c) {
@@ -807,20 +679,14 @@ void TcpTransport::CloseFd(Connection& c) {
 }
 
 void TcpTransport::ReleaseDeadSlots() {
-  for (const uint32_t idx : dead_slots_) {
-    Connection& c = conns_[idx];
+  conns_.ReleaseRetired([&](Connection& c) {
     c.state = ConnState::kFree;
     // An idle slot keeps no buffers: a flood of connections must not pin memory after it ends.
     const uint64_t held = c.StorageBytes();
     counters_.connection_buffer_bytes.Sub_st(held);
     released_since_trim_ += held;
     c.ReleaseStorage();
-    // 1..0xFFFF: a handle is never kNoPeer.
-    c.generation.store(c.generation.load(std::memory_order_relaxed) % 0xFFFFu + 1,
-                       std::memory_order_relaxed);
-    free_slots_.push_back(idx);
-  }
-  dead_slots_.clear();
+  });
   // The allocator keeps freed buffers for reuse; after a flood, hand the pages back to the
   // kernel (control path, at most once per kTrimAfterBytes released).
   if (released_since_trim_ >= kTrimAfterBytes) {
@@ -830,10 +696,9 @@ void TcpTransport::ReleaseDeadSlots() {
 }
 
 Connection* TcpTransport::AllocSlot(bool inbound) {
-  if (free_slots_.empty()) return nullptr;
-  const uint32_t idx = free_slots_.back();
-  free_slots_.pop_back();
-  Connection& c = conns_[idx];
+  Connection* slot = conns_.Alloc();
+  if (slot == nullptr) return nullptr;
+  Connection& c = *slot;
   // Our own dials get their full storage at once (sends may be posted while connecting); an
   // inbound connection grows it when its hello proves it belongs to a job.
   if (inbound) {
@@ -842,7 +707,6 @@ Connection* TcpTransport::AllocSlot(bool inbound) {
     c.Init(options_.max_pending_sends_per_peer);
   }
   counters_.connection_buffer_bytes.Add_st(c.StorageBytes());
-  slots_high_water_ = std::max<uint32_t>(slots_high_water_, idx + 1);
   c.ResetForUse();
   return &c;
 }
@@ -850,29 +714,14 @@ Connection* TcpTransport::AllocSlot(bool inbound) {
 void TcpTransport::EvictOldestUnauthenticatedIfFull() {
   uint32_t n = 0;
   Connection* oldest = nullptr;
-  for (Connection& c : conns_) {
-    if (c.state != ConnState::kAwaitHello) continue;
+  conns_.ForEach([&](Connection& c) {
+    if (c.state != ConnState::kAwaitHello) return;
     ++n;
     if (oldest == nullptr || c.attempt_deadline < oldest->attempt_deadline) oldest = &c;
-  }
+  });
   if (n < options_.max_unauthenticated || oldest == nullptr) return;
   counters_.unauthenticated_evicted.Add_st(1);
   Teardown(*oldest, absl::UnavailableError("evicted: no hello, and newer connections waiting"));
-}
-
-Connection* TcpTransport::Lookup(PeerHandle h) {
-  const uint32_t idx = h & kIndexMask;
-  if (idx >= conns_.size()) return nullptr;
-  Connection& c = conns_[idx];
-  if (c.generation.load(std::memory_order_relaxed) != (h >> kIndexBits) || c.state == ConnState::kFree) {
-    return nullptr;
-  }
-  return &c;
-}
-
-PeerHandle TcpTransport::HandleOf(const Connection& c) const {
-  return (c.generation.load(std::memory_order_relaxed) << kIndexBits) |
-         static_cast<uint32_t>(&c - conns_.data());
 }
 
 PeerInfo TcpTransport::InfoOf(const Connection& c) const {
@@ -891,11 +740,8 @@ TransportStats TcpTransport::Stats() const { return counters_.Snapshot(); }
 PeerStats TcpTransport::PeerStatsOf(PeerHandle peer) const {
   // Any thread: only atomics are read (the generation check, then the counters). A slot
   // recycled between the two reads yields the new connection's (reset) counters.
-  const uint32_t idx = peer & kIndexMask;
-  if (idx >= conns_.size()) return PeerStats{};
-  const Connection& c = conns_[idx];
-  if (c.generation.load(std::memory_order_relaxed) != (peer >> kIndexBits)) return PeerStats{};
-  return c.counters.Snapshot();
+  const Connection* c = conns_.LookupAnyThread(peer);
+  return c != nullptr ? c->counters.Snapshot() : PeerStats{};
 }
 
 }  // namespace gradlane::transport::tcp

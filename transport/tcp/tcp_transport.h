@@ -16,6 +16,8 @@
 // control buffers, the epoll event array and the discard buffer are sized at Create); no
 // SIGPIPE (MSG_NOSIGNAL); bad peer input closes that one connection and is counted.
 // Thread rules: `_st` methods on the owning engine thread only; Stats()/PeerStatsOf() anywhere.
+// What every backend shares — connection slots and handles, regions, jobs, the handshake checks,
+// completions and peer-down — is transport/common/'s; this file is the socket side.
 #ifndef GRADLANE_TRANSPORT_TCP_TCP_TRANSPORT_H_
 #define GRADLANE_TRANSPORT_TCP_TCP_TRANSPORT_H_
 
@@ -23,15 +25,17 @@
 
 #include <limits>
 #include <memory>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "transport/common/completions.h"
+#include "transport/common/connection_table.h"
+#include "transport/common/job_table.h"
+#include "transport/common/region_table.h"
 #include "transport/tcp/connection.h"
-#include "transport/job_table.h"
 #include "transport/transport.h"
 
 namespace gradlane::transport::tcp {
@@ -94,14 +98,10 @@ class TcpTransport final : public Transport {
   PeerStats PeerStatsOf(PeerHandle peer) const override;
 
  private:
-  using Region = RegisteredRegion;
-  using Counters = TransportCounters;
-
   TcpTransport(const TransportOptions& options, TransportHandler* handler);
   absl::Status Init();
 
-  Connection* Lookup(PeerHandle h);
-  PeerHandle HandleOf(const Connection& c) const;
+  PeerHandle HandleOf(const Connection& c) const { return conns_.HandleOf(c); }
   PeerInfo InfoOf(const Connection& c) const;
   Connection* AllocSlot(bool inbound);
   // Before an accept: if max_unauthenticated connections still owe their hello, closes the
@@ -126,37 +126,32 @@ class TcpTransport final : public Transport {
   // Protocol violation or refusal: count it, queue a reject/goodbye with the reason, stop
   // reading and close once flushed. Reports the peer down if it was up or ours.
   void Refuse(Connection& c, FrameType type, WireError code, const absl::Status& why, TimeNs now);
-  // Tears the connection down now: fails pending sends, reports down (when it was a peer the
-  // engine knows: an outbound handle or an inbound one that came up), closes the socket.
+  // Fails the pending sends and reports the peer down (when it is a peer the engine knows: an
+  // outbound handle or an inbound one that came up).
   void FailPendingAndReportDown(Connection& c, const absl::Status& why);
+  // Tears the connection down now: closes the socket, FailPendingAndReportDown, retires the slot.
   void Teardown(Connection& c, const absl::Status& why);
   void CloseFd(Connection& c);
   void ReleaseDeadSlots();
-  void CountError(WireError e) { counters_.errors[static_cast<size_t>(e)].Add_st(1); }
 
   const TransportOptions options_;
   TransportHandler* const handler_;
   int epoll_fd_ = -1;
-  // Slots [0, high water) have been used at least once (free slots are reused lowest-first in
-  // practice, so this stays near the number of live connections); timers scan only those, at
-  // most once per millisecond.
-  uint32_t slots_high_water_ = 0;
   static constexpr uint64_t kTrimAfterBytes = uint64_t{8} << 20;
   uint64_t released_since_trim_ = 0;
   TimeNs last_timer_scan_ = std::numeric_limits<TimeNs>::min() / 2;
   int listen_fd_ = -1;
   uint16_t listen_port_ = 0;
-  // Connections hold atomics (live stats), so they never move: fixed storage, indexed by slot.
-  std::unique_ptr<Connection[]> conn_storage_;
-  std::span<Connection> conns_;
-  std::vector<uint32_t> free_slots_;
-  std::vector<uint32_t> dead_slots_;
-  std::vector<uint32_t> dirty_;
+  // Connections hold atomics (live stats), so they never move: the table's fixed storage. Timers
+  // scan its slots up to the high water mark, at most once per millisecond.
+  ConnectionTable<Connection> conns_;
+  std::vector<uint32_t> dirty_;  // slot indices
   std::vector<epoll_event> events_;
   JobTable jobs_;
-  std::vector<Region> regions_;
+  RegionTable regions_;
   std::vector<uint8_t> discard_;  // sink for payloads the engine rejected
-  Counters counters_;
+  TransportCounters counters_;
+  Completions report_{handler_, &counters_};
 };
 
 

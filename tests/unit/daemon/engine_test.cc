@@ -28,7 +28,7 @@
 #include "daemon/engine.h"
 #include "daemon/ps/half.h"
 #include "libclient/gradlane.h"
-#include "transport/fake/fake_transport.h"
+#include "tests/fakes/fake_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace gradlane::daemon {

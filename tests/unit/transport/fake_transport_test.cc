@@ -1,6 +1,6 @@
 // The in-memory fake on virtual time: exact delivery times, order, refusals and both kinds of
 // vanished peer — the behaviour scheduler/daemon tests will lean on.
-#include "transport/fake/fake_transport.h"
+#include "tests/fakes/fake_transport.h"
 
 #include <memory>
 #include <numeric>

@@ -1,4 +1,4 @@
-// transport/fake/fake_transport.h — an in-memory transport with the TcpTransport interface, for
+// tests/fakes/fake_transport.h — an in-memory transport with the TcpTransport interface, for
 // scheduler and daemon tests that need peers without sockets.
 //
 // A FakeNetwork joins any number of FakeTransports by address ("host:port" strings; nothing is
@@ -15,10 +15,16 @@
 // see a reset on their next step) or silently (frames are dropped; peers find out through
 // peer_timeout).
 //
-// Not for production: it allocates (payload copies, inbox entries) and is single-threaded —
-// every method, Stats() included, on the one test/engine thread.
-#ifndef GRADLANE_TRANSPORT_FAKE_FAKE_TRANSPORT_H_
-#define GRADLANE_TRANSPORT_FAKE_FAKE_TRANSPORT_H_
+// What every backend shares comes from transport/common/, as in TcpTransport: the connection
+// table (handles are slot + generation, so a stale handle never reaches a later connection),
+// the job and region tables, the hello and its refusals, completions and fail-pending-then-
+// peer-down. What is fake is only the wire: messages in inboxes instead of bytes on a socket.
+//
+// Test-only (tests/fakes/, never linked into the daemon): it allocates (payload copies, inbox
+// entries) and is single-threaded — every method, Stats() included, on the one test/engine
+// thread.
+#ifndef GRADLANE_TESTS_FAKES_FAKE_TRANSPORT_H_
+#define GRADLANE_TESTS_FAKES_FAKE_TRANSPORT_H_
 
 #include <cstdint>
 #include <deque>
@@ -31,6 +37,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "transport/common/completions.h"
+#include "transport/common/connection_table.h"
+#include "transport/common/job_table.h"
+#include "transport/common/region_table.h"
 #include "transport/transport.h"
 
 namespace gradlane::transport::fake {
@@ -96,31 +106,30 @@ class FakeTransport final : public Transport {
   // wait_ms is ignored (virtual time never blocks). Returns frames handled.
   int Progress_st(TimeNs now, int wait_ms) override;
 
-  TransportStats Stats() const override { return stats_; }
+  TransportStats Stats() const override { return counters_.Snapshot(); }
   PeerStats PeerStatsOf(PeerHandle peer) const override;
 
  private:
   friend class FakeNetwork;  // Kill() reaches in to reset this endpoint's peers
   enum class State : uint8_t { kBackoff, kHelloSent, kEstablished, kDown };
-  struct Pending {
-    FrameHeader header;
-    const uint8_t* payload;
-    uint64_t cookie;
-  };
   struct Conn {
+    // A slot is reused: everything but the queue's storage starts afresh.
+    void Reset();
     State state = State::kBackoff;
     bool inbound = false;
-    bool known = false;
-    int job = -1;
+    bool known = false;  // the engine holds the handle: it gets OnPeerDown_st
+    int job = -1;        // JobTable index
     uint16_t peer_rank = 0;
     std::string remote_address;
     PeerHandle remote_conn = kNoPeer;
     uint32_t next_seq = 0;
     int attempts = 0;
-    std::deque<Pending> unsent, unacked;
+    // Posted sends in post order: the first `sent` have left and await their ack.
+    std::deque<PendingSend> pending;
+    size_t sent = 0;
     TimeNs give_up_at = 0, retry_at = 0, backoff = 0, last_progress = 0;
     bool restart_timer = false;
-    PeerStats stats;
+    PeerCounters counters;
   };
   struct Message {
     TimeNs deliver_at = 0;
@@ -134,36 +143,39 @@ class FakeTransport final : public Transport {
     std::string reason;
     std::vector<uint8_t> payload;
   };
-  using Region = RegisteredRegion;
-
   FakeTransport(const TransportOptions& options, TransportHandler* handler, FakeNetwork* network);
-  Conn* Lookup(PeerHandle h);
-  PeerInfo InfoOf(PeerHandle h) const;
-  int FindJob(uint64_t job_id) const;
+  PeerInfo InfoOf(const Conn& c) const;
+  Conn* AllocConn();
   // Delivers to the endpoint at `to` unless it is gone or silenced.
   void Deliver(const std::string& to, Message m);
-  void TryHello(PeerHandle h, TimeNs now);
+  void TryHello(Conn& c, TimeNs now);
+  void Flush(TimeNs now);
   void Handle(Message& m, TimeNs now);
   void HandleHello(Message& m, TimeNs now);
+  void HandleData(Conn& c, Message& m, TimeNs now);
+  void HandleAck(Conn& c, const Message& m, TimeNs now);
   void Reply(const Message& to, FrameType type, WireError code, const std::string& reason,
-             PeerHandle from, TimeNs now);
-  void Down(PeerHandle h, const absl::Status& why, bool tell_peer, TimeNs now);
+             const Conn* from, TimeNs now);
+  // The connection is down: with tell_peer, a goodbye with `code` goes to a peer it reached;
+  // then its sends fail in order and the engine hears of it (common/completions.h).
+  void Down(Conn& c, const absl::Status& why, bool tell_peer, TimeNs now,
+            WireError code = WireError::kShutdown);
 
   const TransportOptions options_;
   TransportHandler* const handler_;
   FakeNetwork* const network_;
   std::string address_;
   bool silenced_ = false;
-  std::vector<std::unique_ptr<Conn>> conns_;  // handle = index; never reused
-  std::vector<JobCredentials> jobs_;
-  std::vector<bool> job_removed_;  // per jobs_ entry: RemoveJob_st took it back
-  TimeNs now_ = 0;                 // the latest time Progress_st or Connect_st was given
-  std::vector<Region> regions_;
+  ConnectionTable<Conn> conns_;  // slots freed at the start of the next Progress_st
+  JobTable jobs_;
+  TimeNs now_ = 0;  // the latest time Progress_st or Connect_st was given
+  RegionTable regions_;
   std::deque<Message> inbox_;
-  TransportStats stats_;
+  TransportCounters counters_;
+  Completions report_{handler_, &counters_};
 };
 
 
 }  // namespace gradlane::transport::fake
 
-#endif  // GRADLANE_TRANSPORT_FAKE_FAKE_TRANSPORT_H_
+#endif  // GRADLANE_TESTS_FAKES_FAKE_TRANSPORT_H_
