@@ -208,18 +208,19 @@ json AdminCommand(TelemetryHub& hub, const AdminOptions& options, AdminCmd cmd) 
              {"listen_port", st.snapshot().listen_port},
              {"metrics_address", options.metrics_address},
              {"engine_heartbeat_age_seconds", hb > 0 ? Sec(now - hb) : -1.0},
-             {"transport_bytes_sent", ts.total.bytes_sent},
-             {"transport_bytes_received", ts.total.bytes_received},
              {"client_sessions", ss.sessions_active},
              {"client_connections_refused", refused},
-             {"peers_up", ts.peers_up},
-             {"peers_down", ts.peers_down},
              {"wire_errors", ts.malformed()},
              {"tracing", st.trace().armed() ? st.trace().job_id() : std::string()},
              {"telemetry_events", st.events()},
              {"telemetry_events_dropped", hub.events_dropped()}};
-      // Every engine counter under its own name (GRADLANE_ENGINE_COUNTERS).
-      for (const CounterInfo& c : kEngineCounters) j[c.name] = es.*c.field;
+      // Every counter under its own name (daemon/engine_counters.h, transport/counters.h; the
+      // transport's per-peer totals prefixed "transport_").
+      for (const auto& c : kEngineCounters) j[c.name] = es.*c.field;
+      for (const auto& c : transport::kTransportCounters) j[c.name] = ts.*c.field;
+      for (const auto& c : transport::kPeerCounters) {
+        j[std::string("transport_") + c.name] = ts.total.*c.field;
+      }
       return j;
     });
   }

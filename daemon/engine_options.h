@@ -54,17 +54,10 @@ struct EngineCounters {
   }
 };
 
-// One counter of the list, as data: what the exporters iterate over.
-enum class CounterType : uint8_t { Counter, Gauge };
-struct CounterInfo {
-  const char* name;
-  CounterType type;
-  const char* metric;
-  const char* label;  // "" or "key=value"
-  const char* help;
-  uint64_t EngineStats::*field;
-};
-inline constexpr CounterInfo kEngineCounters[] = {
+// The list as data (daemon/metrics.cc, daemon/admin_server.cc, daemon/main.cc).
+using transport::CounterInfo;
+using transport::CounterType;
+inline constexpr CounterInfo<EngineStats> kEngineCounters[] = {
 #define GRADLANE_COUNTER_INFO(name, type, metric, label, help) \
   {#name, CounterType::type, metric, label, help, &EngineStats::name},
     GRADLANE_ENGINE_COUNTERS(GRADLANE_COUNTER_INFO)

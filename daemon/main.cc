@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
       // One line for the log (and the integration tests): what this run did.
       const gradlane::daemon::EngineStats es = e->Stats();
       std::string line = "engine stats:";
-      for (const gradlane::daemon::CounterInfo& c : gradlane::daemon::kEngineCounters) {
+      for (const auto& c : gradlane::daemon::kEngineCounters) {
         absl::StrAppend(&line, " ", c.name, "=", es.*c.field);
       }
       gradlane::daemon::LogLine(line);

@@ -63,6 +63,28 @@ class Families {
   std::vector<MetricFamily> out_;
 };
 
+// One family per metric of a counter list (transport/counters.h, daemon/engine_counters.h);
+// entries without a metric are left to the status reply.
+template <class Stats, size_t N>
+void EmitCounters(Families& fs, const transport::CounterInfo<Stats> (&list)[N], const Stats& stats) {
+  for (const transport::CounterInfo<Stats>& c : list) {
+    if (c.metric[0] == '\0') continue;
+    const bool gauge = c.type == transport::CounterType::Gauge;
+    MetricFamily& f = fs.Family(c.metric, c.help, gauge ? MetricType::Gauge : MetricType::Counter);
+    Labels labels;
+    if (const std::string_view l = c.label; !l.empty()) {
+      const size_t eq = l.find('=');
+      labels.push_back({std::string(l.substr(0, eq)), std::string(l.substr(eq + 1))});
+    }
+    const double v = static_cast<double>(stats.*c.field);
+    if (gauge) {
+      fs.Gauge(f, std::move(labels), v);
+    } else {
+      fs.Counter(f, std::move(labels), v);
+    }
+  }
+}
+
 // Families are built one at a time into a vector that may reallocate, so each family is
 // filled completely before the next is created (references stay valid while filling).
 
@@ -148,58 +170,21 @@ std::vector<MetricFamily> CollectMetrics(TelemetryHub& hub) {
         MetricType::Counter);
     fs.Counter(control, {}, static_cast<double>(ss.control_messages_refused));
   }
-  // The engine's counters, as GRADLANE_ENGINE_COUNTERS declares them. Families that several
-  // counters share (told apart by a label) are described here first: a family's help is the
-  // one it was created with.
+  // The engine's and the transport's counters, as their lists declare them. Families that
+  // several counters share (told apart by a label) are described here first: a family's help
+  // is the one it was created with.
   fs.Family("gradlane_posts_total", "client posts completed, by result", MetricType::Counter);
+  fs.Family("gradlane_peer_down_total",
+            "peer connections lost, by reason (reset includes clean closes)", MetricType::Counter);
   fs.Family("gradlane_errors_total",
             "errors by kind: malformed or refused peer input (the wire error names), segments "
             "that did not fit their job, manifest mismatches, dropped telemetry events",
             MetricType::Counter);
-  for (const CounterInfo& c : kEngineCounters) {
-    const bool gauge = c.type == CounterType::Gauge;
-    MetricFamily& f =
-        fs.Family(c.metric, c.help, gauge ? MetricType::Gauge : MetricType::Counter);
-    Labels labels;
-    if (const std::string_view l = c.label; !l.empty()) {
-      const size_t eq = l.find('=');
-      labels.push_back({std::string(l.substr(0, eq)), std::string(l.substr(eq + 1))});
-    }
-    const double v = static_cast<double>(es.*c.field);
-    if (gauge) {
-      fs.Gauge(f, std::move(labels), v);
-    } else {
-      fs.Counter(f, std::move(labels), v);
-    }
-  }
+  EmitCounters(fs, kEngineCounters, es);
+  EmitCounters(fs, transport::kTransportCounters, ts);
+  EmitCounters(fs, transport::kPeerCounters, ts.total);
   {
-    MetricFamily& f =
-        fs.Family("gradlane_transport_sent_bytes_total",
-                  "payload bytes the transport handed to the kernel, all frames (data and control)",
-                  MetricType::Counter);
-    fs.Counter(f, {}, static_cast<double>(ts.total.bytes_sent));
-  }
-  {
-    MetricFamily& f =
-        fs.Family("gradlane_transport_received_bytes_total",
-                  "payload bytes the transport placed, all frames", MetricType::Counter);
-    fs.Counter(f, {}, static_cast<double>(ts.total.bytes_received));
-  }
-  {
-    MetricFamily& f = fs.Family("gradlane_peer_connect_attempts_total",
-                                "connection attempts to peer daemons (first tries and retries)",
-                                MetricType::Counter);
-    fs.Counter(f, {}, static_cast<double>(ts.connect_attempts));
-  }
-  {
-    MetricFamily& f = fs.Family("gradlane_peer_down_total",
-                                "peer connections lost, by reason (reset includes clean closes)",
-                                MetricType::Counter);
-    fs.Counter(f, {{"reason", "timeout"}}, static_cast<double>(ts.peer_timeouts));
-    fs.Counter(f, {{"reason", "reset"}}, static_cast<double>(ts.peer_resets));
-  }
-  {
-    // Created above with the engine's kinds; the transport's join them.
+    // Created above with the counters' kinds; the wire errors join them.
     MetricFamily& f = fs.Family("gradlane_errors_total", "", MetricType::Counter);
     for (size_t k = 1; k < transport::kWireErrorCount; ++k) {
       const auto e = static_cast<transport::WireError>(k);
@@ -207,7 +192,6 @@ std::vector<MetricFamily> CollectMetrics(TelemetryHub& hub) {
       fs.Counter(f, {{"kind", std::string(transport::WireErrorName(e))}},
                  static_cast<double>(ts.errors[k]));
     }
-    fs.Counter(f, {{"kind", "accept_refused"}}, static_cast<double>(ts.accepts_refused));
     fs.Counter(f, {{"kind", "telemetry_dropped"}}, static_cast<double>(hub.events_dropped()));
   }
 

@@ -47,6 +47,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "sched/types.h"
+#include "transport/counters.h"
 #include "transport/wire.h"
 
 namespace gradlane::transport {
@@ -233,90 +234,71 @@ class TransportHandler {
                              const RecvTarget& target, TimeNs now) = 0;
 };
 
-// A counter written by the engine thread only and read by anyone: a relaxed load+store (no
-// locked instruction on the data path), readers see a recent value.
-class StatCounter {
- public:
-  void Add_st(uint64_t n) { v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
-  uint64_t Get() const { return v_.load(std::memory_order_relaxed); }
-  void Reset_st() { v_.store(0, std::memory_order_relaxed); }
-  // For a gauge kept in a counter: takes back what an earlier Add_st gave.
-  void Sub_st(uint64_t n) { v_.store(v_.load(std::memory_order_relaxed) - n, std::memory_order_relaxed); }
-
- private:
-  std::atomic<uint64_t> v_{0};
-};
-
 struct PeerStats {
-  uint64_t bytes_sent = 0;      // payload bytes handed to the kernel
-  uint64_t bytes_received = 0;  // payload bytes placed in destinations
-  uint64_t frames_sent = 0;     // data frames
-  uint64_t frames_received = 0;
-  uint64_t acks_sent = 0;
-  uint64_t acks_received = 0;
-  uint64_t sends_failed = 0;
+#define GRADLANE_STATS_FIELD(name, type, metric, label, help) uint64_t name = 0;
+  GRADLANE_PEER_COUNTERS(GRADLANE_STATS_FIELD)
 };
 
 struct TransportStats {
   // Malformed or refused input, by kind (index = WireError). kNoTarget counts resolver rejects.
   std::array<uint64_t, kWireErrorCount> errors{};
-  uint64_t connect_attempts = 0;
-  uint64_t connect_retries = 0;
-  uint64_t peers_up = 0;
-  uint64_t peers_down = 0;
-  uint64_t peer_resets = 0;       // reset or closed by the peer
-  uint64_t peer_timeouts = 0;     // declared down for lack of progress
-  uint64_t accepts_refused = 0;   // no free connection slot
-  uint64_t unauthenticated_evicted = 0;  // tokenless connections closed to make room
-  uint64_t connection_buffer_bytes = 0;  // now: send rings and control buffers of live connections
-  PeerStats total;                // sum over all peers ever connected
+  GRADLANE_TRANSPORT_COUNTERS(GRADLANE_STATS_FIELD)
+  PeerStats total;  // sum over all peers ever connected
   uint64_t malformed() const {
     uint64_t n = 0;
     for (size_t i = 1; i <= static_cast<size_t>(WireError::kBadField); ++i) n += errors[i];
     return n;
   }
+#undef GRADLANE_STATS_FIELD
 };
 
 // The counters behind PeerStats / TransportStats, shared by every backend: written by the
 // engine thread only (StatCounter), snapshotted from any thread.
+#define GRADLANE_COUNTER_FIELD(name, type, metric, label, help) StatCounter name;
+#define GRADLANE_SNAPSHOT_FIELD(name, type, metric, label, help) s.name = name.Get();
 struct PeerCounters {
-  StatCounter bytes_sent, bytes_received, frames_sent, frames_received, acks_sent, acks_received,
-      sends_failed;
+  GRADLANE_PEER_COUNTERS(GRADLANE_COUNTER_FIELD)
   void Reset_st() {
-    for (StatCounter* c : {&bytes_sent, &bytes_received, &frames_sent, &frames_received,
-                           &acks_sent, &acks_received, &sends_failed}) {
-      c->Reset_st();
-    }
+#define GRADLANE_RESET_FIELD(name, type, metric, label, help) name.Reset_st();
+    GRADLANE_PEER_COUNTERS(GRADLANE_RESET_FIELD)
+#undef GRADLANE_RESET_FIELD
   }
   PeerStats Snapshot() const {
-    return PeerStats{bytes_sent.Get(), bytes_received.Get(), frames_sent.Get(),
-                     frames_received.Get(), acks_sent.Get(),  acks_received.Get(),
-                     sends_failed.Get()};
+    PeerStats s;
+    GRADLANE_PEER_COUNTERS(GRADLANE_SNAPSHOT_FIELD)
+    return s;
   }
 };
 
 struct TransportCounters {
   std::array<StatCounter, kWireErrorCount> errors;
-  StatCounter connect_attempts, connect_retries, peers_up, peers_down, peer_resets,
-      peer_timeouts, accepts_refused, unauthenticated_evicted;
-  StatCounter connection_buffer_bytes;  // a gauge
+  GRADLANE_TRANSPORT_COUNTERS(GRADLANE_COUNTER_FIELD)
   PeerCounters total;
   TransportStats Snapshot() const {
     TransportStats s;
     for (size_t i = 0; i < kWireErrorCount; ++i) s.errors[i] = errors[i].Get();
-    s.connect_attempts = connect_attempts.Get();
-    s.connect_retries = connect_retries.Get();
-    s.peers_up = peers_up.Get();
-    s.peers_down = peers_down.Get();
-    s.peer_resets = peer_resets.Get();
-    s.peer_timeouts = peer_timeouts.Get();
-    s.accepts_refused = accepts_refused.Get();
-    s.unauthenticated_evicted = unauthenticated_evicted.Get();
-    s.connection_buffer_bytes = connection_buffer_bytes.Get();
+    GRADLANE_TRANSPORT_COUNTERS(GRADLANE_SNAPSHOT_FIELD)
     s.total = total.Snapshot();
     return s;
   }
 };
+#undef GRADLANE_COUNTER_FIELD
+#undef GRADLANE_SNAPSHOT_FIELD
+
+// The lists as data (daemon/metrics.cc, daemon/admin_server.cc).
+#define GRADLANE_COUNTER_INFO(Stats, name, type, metric, label, help) \
+  {#name, CounterType::type, metric, label, help, &Stats::name},
+#define GRADLANE_PEER_INFO(name, type, metric, label, help) \
+  GRADLANE_COUNTER_INFO(PeerStats, name, type, metric, label, help)
+#define GRADLANE_TRANSPORT_INFO(name, type, metric, label, help) \
+  GRADLANE_COUNTER_INFO(TransportStats, name, type, metric, label, help)
+inline constexpr CounterInfo<PeerStats> kPeerCounters[] = {
+    GRADLANE_PEER_COUNTERS(GRADLANE_PEER_INFO)};
+inline constexpr CounterInfo<TransportStats> kTransportCounters[] = {
+    GRADLANE_TRANSPORT_COUNTERS(GRADLANE_TRANSPORT_INFO)};
+#undef GRADLANE_PEER_INFO
+#undef GRADLANE_TRANSPORT_INFO
+#undef GRADLANE_COUNTER_INFO
 
 // What a backend offers beyond the calls every backend has.
 struct TransportCapabilities {

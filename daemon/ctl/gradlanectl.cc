@@ -31,6 +31,7 @@
 
 #include "daemon/engine_counters.h"
 #include "nlohmann/json.hpp"
+#include "transport/counters.h"
 
 namespace {
 
@@ -223,19 +224,24 @@ void PrintStatus(const json& r) {
               Str(r, "telemetry_events_dropped").c_str());
 }
 
-// Every engine counter the daemon declares (daemon/engine_counters.h), with what it counts.
+// Every counter the daemon declares (daemon/engine_counters.h, transport/counters.h), with
+// what it counts.
 void PrintCounters(const json& r) {
   struct Row {
-    const char* name;
+    const char* key;
     const char* help;
   };
   static constexpr Row kRows[] = {
 #define GRADLANE_CTL_ROW(name, type, metric, label, help) {#name, help},
+#define GRADLANE_CTL_TOTAL_ROW(name, type, metric, label, help) {"transport_" #name, help},
       GRADLANE_ENGINE_COUNTERS(GRADLANE_CTL_ROW)
+      GRADLANE_TRANSPORT_COUNTERS(GRADLANE_CTL_ROW)
+      GRADLANE_PEER_COUNTERS(GRADLANE_CTL_TOTAL_ROW)
 #undef GRADLANE_CTL_ROW
+#undef GRADLANE_CTL_TOTAL_ROW
   };
   for (const Row& row : kRows) {
-    std::printf("%-20s %12s  %s\n", row.name, Str(r, row.name).c_str(), row.help);
+    std::printf("%-28s %12s  %s\n", row.key, Str(r, row.key).c_str(), row.help);
   }
 }
 
