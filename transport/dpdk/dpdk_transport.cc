@@ -32,6 +32,16 @@
 #include "absl/strings/str_split.h"
 
 namespace gradlane::transport::dpdk {
+
+using datagram::DatagramOptions;
+using datagram::DatagramSink;
+using datagram::DatagramStats;
+using datagram::DatagramTransport;
+using datagram::FormatEndpoint;
+using datagram::Ipv4Endpoint;
+using datagram::kMinDatagramBytes;
+using datagram::ParseIpv4;
+
 namespace {
 
 constexpr uint16_t kDefaultUdpPort = 7610;
@@ -609,7 +619,7 @@ int DpdkPort::Poll_st(DatagramSink* sink, TimeNs now, TimeNs wait) {
 DpdkTransport::~DpdkTransport() {
   // One line for the operator (and the loss test): what the protocol had to repair.
   if (rel_ != nullptr) {
-    const ReliableStats r = rel_->ReliableStatsNow();
+    const DatagramStats r = rel_->DatagramStatsNow();
     std::fprintf(stderr,
                  "gradlaned: dpdk stats: datagrams_sent=%lu datagrams_received=%lu data_packets_sent=%lu "
                  "retransmits=%lu timeouts=%lu duplicates=%lu out_of_order=%lu injected_drops=%lu "
@@ -631,10 +641,10 @@ absl::StatusOr<std::unique_ptr<DpdkTransport>> DpdkTransport::Create(const Trans
   if (!port.ok()) return port.status();
   auto t = std::unique_ptr<DpdkTransport>(new DpdkTransport());
   t->port_ = std::move(*port);
-  ReliableOptions reliable = dpdk.reliable;
+  DatagramOptions reliable = dpdk.reliable;
   // A quarter of the port's room is left for acks, control and others' traffic.
   if (reliable.rx_budget_packets == 0) reliable.rx_budget_packets = t->port_->rx_capacity_packets() * 3 / 4;
-  auto rel = ReliableTransport::Create(options, reliable, t->port_.get(), handler);
+  auto rel = DatagramTransport::Create(options, reliable, t->port_.get(), handler);
   if (!rel.ok()) return rel.status();
   t->rel_ = std::move(*rel);
   return t;

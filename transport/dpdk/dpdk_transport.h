@@ -1,5 +1,5 @@
 // transport/dpdk/dpdk_transport.h — the kernel-bypass backend: gradlane's reliable datagram
-// protocol (reliable_transport.h) over a DPDK Ethernet port.
+// protocol (transport/datagram/datagram_transport.h) over a DPDK Ethernet port.
 //
 // What this layer adds to the protocol logic: EAL start-up from the daemon's configuration (a
 // port's PCI address or a virtual device, the lcore, hugepages or --no-huge, a unique file prefix
@@ -30,10 +30,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "transport/dpdk/reliable_transport.h"
+#include "transport/datagram/datagram_transport.h"
 #include "transport/transport.h"
 
 namespace gradlane::transport::dpdk {
+
+// The daemon's flag checks name the protocol's window bound as the DPDK backend's.
+using datagram::kMaxWindow;
 
 struct DpdkOptions {
   // Verbatim EAL arguments (space-separated); when set, the discrete fields below are ignored.
@@ -57,7 +60,7 @@ struct DpdkOptions {
   std::string static_arp;
   // "auto" (zero-copy where the PMD takes chained mbufs and reads virtual addresses), "on", "off".
   std::string zero_copy = "auto";
-  ReliableOptions reliable;
+  datagram::DatagramOptions reliable;
 };
 
 // "ip=mac,..." is well formed; InvalidArgument naming the bad entry. (Defined only in DPDK builds.)
@@ -66,7 +69,7 @@ absl::Status ParseStaticArp(std::string_view spec);
 // One DPDK port as a DatagramLink: EAL, mempools, framing, ARP, bursts, idle back-off. Also
 // used directly by the raw-rate benchmark (tests/bench/dpdk_raw.cc), so the daemon and the
 // baseline share every byte of framing. The implementation's DPDK types stay in the .cc.
-class DpdkPort final : public DatagramLink {
+class DpdkPort final : public datagram::DatagramLink {
  public:
   // Starts the EAL and the port. `udp_port` 0 means 7610; `default_ip` is used when dpdk.ip is
   // empty. Pools are sized for `window` packets on each of `connections` connections.
@@ -75,10 +78,10 @@ class DpdkPort final : public DatagramLink {
   ~DpdkPort() override;
 
   uint32_t max_datagram_bytes() const override;
-  Ipv4Endpoint local_endpoint() const override;
-  bool Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head, std::span<const uint8_t> body) override;
+  datagram::Ipv4Endpoint local_endpoint() const override;
+  bool Send_st(const datagram::Ipv4Endpoint& to, std::span<const uint8_t> head, std::span<const uint8_t> body) override;
   void Flush_st() override;
-  int Poll_st(DatagramSink* sink, TimeNs now, TimeNs wait) override;
+  int Poll_st(datagram::DatagramSink* sink, TimeNs now, TimeNs wait) override;
   uint32_t rx_capacity_packets() const override;
   std::string Describe() const;
 
@@ -118,14 +121,14 @@ class DpdkTransport final : public Transport {
   uint16_t listen_port() const { return rel_->listen_port(); }
   TransportStats Stats() const override { return rel_->Stats(); }
   PeerStats PeerStatsOf(PeerHandle peer) const override { return rel_->PeerStatsOf(peer); }
-  ReliableStats ReliableStatsNow() const { return rel_->ReliableStatsNow(); }
+  datagram::DatagramStats DatagramStatsNow() const { return rel_->DatagramStatsNow(); }
   // One line for the log: port, driver, MAC, IP, MTU, zero-copy or not.
   std::string Describe() const;
 
  private:
   DpdkTransport() = default;
   std::unique_ptr<DpdkPort> port_;
-  std::unique_ptr<ReliableTransport> rel_;
+  std::unique_ptr<datagram::DatagramTransport> rel_;
 };
 
 

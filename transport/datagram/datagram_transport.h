@@ -1,4 +1,4 @@
-// transport/dpdk/reliable_transport.h — gradlane's reliable datagram protocol as pure logic: a
+// transport/datagram/datagram_transport.h — gradlane's reliable datagram protocol as pure logic: a
 // complete Transport (transport/transport.h) over any unreliable datagram link.
 //
 // DPDK gives packets, not reliability; this class adds it, and nothing in it knows about DPDK:
@@ -29,8 +29,8 @@
 // rings, packet rings and the reorder buffer are sized when a connection slot is first used
 // (control path) and kept. Thread rules: `_st` methods and the DatagramSink callback on the
 // owning engine thread; Stats()/PeerStatsOf() from any thread (relaxed atomics).
-#ifndef GRADLANE_TRANSPORT_DPDK_RELIABLE_TRANSPORT_H_
-#define GRADLANE_TRANSPORT_DPDK_RELIABLE_TRANSPORT_H_
+#ifndef GRADLANE_TRANSPORT_DATAGRAM_DATAGRAM_TRANSPORT_H_
+#define GRADLANE_TRANSPORT_DATAGRAM_DATAGRAM_TRANSPORT_H_
 
 #include <atomic>
 #include <cstdint>
@@ -42,11 +42,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "transport/dpdk/reliable_wire.h"
+#include "transport/datagram/datagram_wire.h"
 #include "transport/job_table.h"
 #include "transport/transport.h"
 
-namespace gradlane::transport::dpdk {
+namespace gradlane::transport::datagram {
 
 // An IPv4 address and UDP port, host byte order.
 struct Ipv4Endpoint {
@@ -102,7 +102,7 @@ struct FaultOptions {
   }
 };
 
-struct ReliableOptions {
+struct DatagramOptions {
   // Packets in flight per connection, and the credit (reorder buffer) each receiver offers.
   uint32_t window_packets = kMaxWindow;
   // What the port can hold for us between polls, in packets (0: no limit). The credit offered
@@ -126,7 +126,7 @@ struct ReliableOptions {
 };
 
 // Protocol counters beyond TransportStats (any thread).
-struct ReliableStats {
+struct DatagramStats {
   uint64_t datagrams_sent = 0;
   uint64_t datagrams_received = 0;
   uint64_t data_packets_sent = 0;
@@ -142,16 +142,16 @@ struct ReliableStats {
   uint64_t link_full = 0;          // sends the link had no room for (retried later)
 };
 
-class ReliableTransport final : public Transport, public DatagramSink {
+class DatagramTransport final : public Transport, public DatagramSink {
  public:
   // Validates options and preallocates. `link` and `handler` must outlive the transport.
-  static absl::StatusOr<std::unique_ptr<ReliableTransport>> Create(const TransportOptions& options,
-                                                                   const ReliableOptions& reliable,
+  static absl::StatusOr<std::unique_ptr<DatagramTransport>> Create(const TransportOptions& options,
+                                                                   const DatagramOptions& reliable,
                                                                    DatagramLink* link,
                                                                    TransportHandler* handler);
-  ~ReliableTransport() override;
-  ReliableTransport(const ReliableTransport&) = delete;
-  ReliableTransport& operator=(const ReliableTransport&) = delete;
+  ~DatagramTransport() override;
+  DatagramTransport(const DatagramTransport&) = delete;
+  DatagramTransport& operator=(const DatagramTransport&) = delete;
 
   // Starts answering hellos. Returns the link's UDP port.
   // Datagrams arrive whole in the link's buffers: a by_piece target gets each one's bytes.
@@ -175,7 +175,7 @@ class ReliableTransport final : public Transport, public DatagramSink {
   uint16_t listen_port() const { return link_->local_endpoint().port; }
   TransportStats Stats() const override;
   PeerStats PeerStatsOf(PeerHandle peer) const override;
-  ReliableStats ReliableStatsNow() const;
+  DatagramStats DatagramStatsNow() const;
 
   // DatagramSink: one received datagram (engine thread, from inside Progress_st).
   void OnDatagram_st(const Ipv4Endpoint& from, std::span<const uint8_t> bytes, TimeNs now) override;
@@ -183,7 +183,7 @@ class ReliableTransport final : public Transport, public DatagramSink {
  private:
   struct Conn;
 
-  ReliableTransport(const TransportOptions& options, const ReliableOptions& reliable,
+  DatagramTransport(const TransportOptions& options, const DatagramOptions& reliable,
                     DatagramLink* link, TransportHandler* handler);
 
   Conn* Lookup(PeerHandle h);
@@ -230,7 +230,7 @@ class ReliableTransport final : public Transport, public DatagramSink {
   double NextRandom();
 
   const TransportOptions options_;
-  ReliableOptions rel_;
+  DatagramOptions rel_;
   DatagramLink* const link_;
   TransportHandler* const handler_;
   uint32_t max_dgram_ = 0;
@@ -263,6 +263,6 @@ class ReliableTransport final : public Transport, public DatagramSink {
 };
 
 
-}  // namespace gradlane::transport::dpdk
+}  // namespace gradlane::transport::datagram
 
-#endif  // GRADLANE_TRANSPORT_DPDK_RELIABLE_TRANSPORT_H_
+#endif  // GRADLANE_TRANSPORT_DATAGRAM_DATAGRAM_TRANSPORT_H_

@@ -1,4 +1,4 @@
-#include "transport/dpdk/reliable_transport.h"
+#include "transport/datagram/datagram_transport.h"
 
 #include <algorithm>
 #include <array>
@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 
-namespace gradlane::transport::dpdk {
+namespace gradlane::transport::datagram {
 namespace {
 
 constexpr uint32_t kIndexBits = 16;
@@ -66,7 +66,7 @@ std::string FormatEndpoint(const Ipv4Endpoint& e) { return absl::StrCat(FormatIp
 
 // ---- state ------------------------------------------------------------------------------------
 
-struct ReliableTransport::Counters : TransportCounters {
+struct DatagramTransport::Counters : TransportCounters {
   StatCounter datagrams_sent, datagrams_received, data_packets_sent, retransmits, timeouts,
       duplicates, out_of_order, beyond_credit, pure_acks_sent, stray, replies_suppressed,
       injected_drops, injected_reorders, injected_duplicates, link_full;
@@ -74,7 +74,7 @@ struct ReliableTransport::Counters : TransportCounters {
 
 enum class ConnState : uint8_t { kFree, kHelloSent, kEstablished, kDead };
 
-struct ReliableTransport::Conn {
+struct DatagramTransport::Conn {
   struct PendingSend {
     FrameHeader header;
     const uint8_t* payload = nullptr;
@@ -152,14 +152,14 @@ struct ReliableTransport::Conn {
   TxPkt& Pkt(uint64_t s) { return pkts[s & pkt_mask]; }
 };
 
-ReliableTransport::ReliableTransport(const TransportOptions& options, const ReliableOptions& reliable,
+DatagramTransport::DatagramTransport(const TransportOptions& options, const DatagramOptions& reliable,
                                      DatagramLink* link, TransportHandler* handler)
     : options_(options), rel_(reliable), link_(link), handler_(handler), counters_(new Counters) {}
 
-ReliableTransport::~ReliableTransport() = default;
+DatagramTransport::~DatagramTransport() = default;
 
-absl::StatusOr<std::unique_ptr<ReliableTransport>> ReliableTransport::Create(
-    const TransportOptions& options, const ReliableOptions& reliable, DatagramLink* link,
+absl::StatusOr<std::unique_ptr<DatagramTransport>> DatagramTransport::Create(
+    const TransportOptions& options, const DatagramOptions& reliable, DatagramLink* link,
     TransportHandler* handler) {
   if (link == nullptr || handler == nullptr) return absl::InvalidArgumentError("null link or handler");
   if (options.max_connections == 0 || options.max_connections > kIndexMask) {
@@ -188,7 +188,7 @@ absl::StatusOr<std::unique_ptr<ReliableTransport>> ReliableTransport::Create(
     return absl::InvalidArgumentError(absl::StrCat("datagrams of ", dg, " bytes are too small (need ",
                                                    kMinDatagramBytes, ")"));
   }
-  auto t = std::unique_ptr<ReliableTransport>(new ReliableTransport(options, reliable, link, handler));
+  auto t = std::unique_ptr<DatagramTransport>(new DatagramTransport(options, reliable, link, handler));
   t->max_dgram_ = dg;
   t->window_ = reliable.window_packets;
   t->credit_ = t->window_;
@@ -207,15 +207,15 @@ absl::StatusOr<std::unique_ptr<ReliableTransport>> ReliableTransport::Create(
 
 // ---- control ops ------------------------------------------------------------------------------
 
-absl::StatusOr<uint16_t> ReliableTransport::Listen_st() {
+absl::StatusOr<uint16_t> DatagramTransport::Listen_st() {
   if (listening_) return absl::FailedPreconditionError("already listening");
   listening_ = true;
   return link_->local_endpoint().port;
 }
 
-absl::Status ReliableTransport::AddJob_st(const JobCredentials& job) { return jobs_.Add(job); }
+absl::Status DatagramTransport::AddJob_st(const JobCredentials& job) { return jobs_.Add(job); }
 
-absl::Status ReliableTransport::RemoveJob_st(uint64_t job_id) {
+absl::Status DatagramTransport::RemoveJob_st(uint64_t job_id) {
   const int j = jobs_.Find(job_id);
   if (j < 0) return absl::NotFoundError(absl::StrCat("job ", job_id, " is not registered"));
   for (uint32_t idx : std::vector<uint32_t>(active_)) {
@@ -232,7 +232,7 @@ absl::Status ReliableTransport::RemoveJob_st(uint64_t job_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<PeerHandle> ReliableTransport::Connect_st(const JobCredentials& job, std::string_view address,
+absl::StatusOr<PeerHandle> DatagramTransport::Connect_st(const JobCredentials& job, std::string_view address,
                                                          TimeNs now) {
   const int j = jobs_.Find(job.job_id);
   if (j < 0) return absl::FailedPreconditionError(absl::StrCat("job ", job.job_id, " not added"));
@@ -252,7 +252,7 @@ absl::StatusOr<PeerHandle> ReliableTransport::Connect_st(const JobCredentials& j
   return HandleOf(*c);
 }
 
-void ReliableTransport::Disconnect_st(PeerHandle peer, TimeNs) {
+void DatagramTransport::Disconnect_st(PeerHandle peer, TimeNs) {
   Conn* c = Lookup(peer);
   if (c == nullptr || c->state == ConnState::kDead) return;
   if (c->state == ConnState::kEstablished) {
@@ -264,7 +264,7 @@ void ReliableTransport::Disconnect_st(PeerHandle peer, TimeNs) {
   Teardown(*c, absl::CancelledError("disconnected"));
 }
 
-absl::StatusOr<RegionId> ReliableTransport::RegisterRegion_st(void* base, uint64_t bytes) {
+absl::StatusOr<RegionId> DatagramTransport::RegisterRegion_st(void* base, uint64_t bytes) {
   if (base == nullptr && bytes != 0) return absl::InvalidArgumentError("null region");
   for (size_t i = 0; i < regions_.size(); ++i) {
     if (!regions_[i].used) {
@@ -277,13 +277,13 @@ absl::StatusOr<RegionId> ReliableTransport::RegisterRegion_st(void* base, uint64
   return static_cast<RegionId>(regions_.size() - 1);
 }
 
-absl::Status ReliableTransport::UnregisterRegion_st(RegionId region) {
+absl::Status DatagramTransport::UnregisterRegion_st(RegionId region) {
   if (region >= regions_.size() || !regions_[region].used) return absl::NotFoundError("no such region");
   regions_[region] = RegisteredRegion{};
   return absl::OkStatus();
 }
 
-absl::Status ReliableTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
+absl::Status DatagramTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
   Conn* c = Lookup(peer);
   if (c == nullptr || c->state == ConnState::kDead) return absl::NotFoundError("peer is not connected");
   auto payload = ResolveSendPayload(regions_, spec, options_.max_segment_bytes);
@@ -304,7 +304,7 @@ absl::Status ReliableTransport::PostSend_st(PeerHandle peer, const SendSpec& spe
 
 // ---- progress ---------------------------------------------------------------------------------
 
-int ReliableTransport::Progress_st(TimeNs now, int wait_ms) {
+int DatagramTransport::Progress_st(TimeNs now, int wait_ms) {
   int work = link_->Poll_st(this, now, 0);
   for (size_t i = 0; i < active_.size(); ++i) {
     Conn& c = conns_[active_[i]];
@@ -328,7 +328,7 @@ int ReliableTransport::Progress_st(TimeNs now, int wait_ms) {
   return work;
 }
 
-void ReliableTransport::Service(Conn& c, TimeNs now) {
+void DatagramTransport::Service(Conn& c, TimeNs now) {
   if (c.state == ConnState::kHelloSent) {
     if (now < c.retry_at) return;
     if (now >= c.give_up_at) {
@@ -375,7 +375,7 @@ void ReliableTransport::Service(Conn& c, TimeNs now) {
   }
 }
 
-void ReliableTransport::SendHello(Conn& c) {
+void DatagramTransport::SendHello(Conn& c) {
   const JobCredentials& job = jobs_[c.job_index].creds;
   FrameHeader fh = MakeHeader(FrameType::kHello, job.job_id, job.local_rank);
   fh.payload_bytes = kHelloBodyBytes;
@@ -388,7 +388,7 @@ void ReliableTransport::SendHello(Conn& c) {
   SendControl(c.addr, 0, &c, DgramType::kHello, fh, &b, sizeof(b));
 }
 
-bool ReliableTransport::Retransmit(Conn& c, TimeNs now) {
+bool DatagramTransport::Retransmit(Conn& c, TimeNs now) {
   if (c.snd_una == c.snd_nxt) {
     c.timer_at = kNever;
     c.sack_holes = false;
@@ -435,7 +435,7 @@ bool ReliableTransport::Retransmit(Conn& c, TimeNs now) {
   return true;
 }
 
-bool ReliableTransport::SendNew(Conn& c, TimeNs now) {
+bool DatagramTransport::SendNew(Conn& c, TimeNs now) {
   const uint32_t first_cap = max_dgram_ - kDgramHeaderBytes - kFrameHeaderBytes;
   const uint32_t cap = max_dgram_ - kDgramHeaderBytes;
   while (c.snd_nxt < c.snd_una + window_ && c.snd_nxt < c.peer_limit) {
@@ -480,7 +480,7 @@ bool ReliableTransport::SendNew(Conn& c, TimeNs now) {
   return true;
 }
 
-void ReliableTransport::FillAckFields(Conn& c, DgramHeader& h) {
+void DatagramTransport::FillAckFields(Conn& c, DgramHeader& h) {
   h.ack = c.rcv_nxt;
   h.msg_ack = c.rx_msg_next;
   std::memcpy(h.sack, c.sack, sizeof(h.sack));
@@ -492,7 +492,7 @@ void ReliableTransport::FillAckFields(Conn& c, DgramHeader& h) {
   c.ack_now = false;
 }
 
-bool ReliableTransport::SendDataPacket(Conn& c, uint64_t seq) {
+bool DatagramTransport::SendDataPacket(Conn& c, uint64_t seq) {
   const Conn::TxPkt& p = c.Pkt(seq);
   const Conn::PendingSend& m = c.Send(p.msg);
   struct {
@@ -533,7 +533,7 @@ bool ReliableTransport::SendDataPacket(Conn& c, uint64_t seq) {
   return true;
 }
 
-void ReliableTransport::SendAck(Conn& c, bool probe) {
+void DatagramTransport::SendAck(Conn& c, bool probe) {
   DgramHeader h;
   std::memset(&h, 0, sizeof(h));
   h.magic = kDgramMagic;
@@ -554,7 +554,7 @@ void ReliableTransport::SendAck(Conn& c, bool probe) {
   }
 }
 
-bool ReliableTransport::SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
+bool DatagramTransport::SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
                                     const FrameHeader& fh, const void* body, size_t body_bytes) {
   std::array<uint8_t, kMaxControlBytes> buf;
   DgramHeader h;
@@ -573,7 +573,7 @@ bool ReliableTransport::SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, C
   return Transmit(to, std::span<const uint8_t>(buf.data(), sizeof(h) + sizeof(fh) + body_bytes), {});
 }
 
-void ReliableTransport::SendError(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
+void DatagramTransport::SendError(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
                                   uint64_t job_id, uint16_t rank, WireError code, std::string_view reason) {
   FrameHeader fh = MakeHeader(type == DgramType::kReject ? FrameType::kReject : FrameType::kGoodbye, job_id, rank);
   struct {
@@ -590,7 +590,7 @@ void ReliableTransport::SendError(const Ipv4Endpoint& to, uint32_t dst_conn, Con
   if (type == DgramType::kClose && c != nullptr) SendControl(to, dst_conn, c, type, fh, &msg, fh.payload_bytes);
 }
 
-bool ReliableTransport::MayAnswerStranger(TimeNs now) {
+bool DatagramTransport::MayAnswerStranger(TimeNs now) {
   // A token bucket: kStrangerReplyBurst at once, kStrangerRepliesPerSecond after that. Whoever
   // floods the port with hellos or stray datagrams (from any source address, spoofed or not)
   // gets at most that many answers, so the daemon neither burns its loop on them nor reflects
@@ -606,7 +606,7 @@ bool ReliableTransport::MayAnswerStranger(TimeNs now) {
   return true;
 }
 
-double ReliableTransport::NextRandom() {
+double DatagramTransport::NextRandom() {
   // splitmix64: deterministic per seed, so a fault pattern can be replayed.
   uint64_t z = (rng_ += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -615,7 +615,7 @@ double ReliableTransport::NextRandom() {
   return static_cast<double>(z >> 11) * 0x1.0p-53;
 }
 
-bool ReliableTransport::Transmit(const Ipv4Endpoint& to, std::span<const uint8_t> head,
+bool DatagramTransport::Transmit(const Ipv4Endpoint& to, std::span<const uint8_t> head,
                                  std::span<const uint8_t> body) {
   const FaultOptions& f = rel_.faults;
   if (f.any()) {
@@ -651,7 +651,7 @@ bool ReliableTransport::Transmit(const Ipv4Endpoint& to, std::span<const uint8_t
   return true;
 }
 
-void ReliableTransport::FlushHeld() {
+void DatagramTransport::FlushHeld() {
   if (!held_) return;
   held_ = false;
   if (link_->Send_st(held_to_, std::span<const uint8_t>(held_head_.data(), held_head_bytes_), held_body_)) {
@@ -661,9 +661,9 @@ void ReliableTransport::FlushHeld() {
 
 // ---- receive ----------------------------------------------------------------------------------
 
-void ReliableTransport::CountError(WireError e) { counters_->errors[static_cast<size_t>(e)].Add_st(1); }
+void DatagramTransport::CountError(WireError e) { counters_->errors[static_cast<size_t>(e)].Add_st(1); }
 
-void ReliableTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const uint8_t> bytes, TimeNs now) {
+void DatagramTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const uint8_t> bytes, TimeNs now) {
   counters_->datagrams_received.Add_st(1);
   DgramHeader dh;
   if (bytes.size() < sizeof(dh)) {
@@ -728,7 +728,7 @@ void ReliableTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const 
   if (type == DgramType::kData) OnData(*c, dh, body, now);
 }
 
-void ReliableTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh, std::span<const uint8_t> body,
+void DatagramTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh, std::span<const uint8_t> body,
                                 TimeNs now) {
   if (!listening_) return;  // like a closed port: the dialer retries until its deadline
   FrameHeader fh;
@@ -792,7 +792,7 @@ void ReliableTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh,
   handler_->OnPeerUp_st(InfoOf(*c));
 }
 
-void ReliableTransport::OnHelloOk(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now) {
+void DatagramTransport::OnHelloOk(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now) {
   FrameHeader fh;
   if (body.size() != sizeof(fh)) return CountError(WireError::kBadLength);
   std::memcpy(&fh, body.data(), sizeof(fh));
@@ -815,7 +815,7 @@ void ReliableTransport::OnHelloOk(Conn& c, const DgramHeader& dh, std::span<cons
   handler_->OnPeerUp_st(InfoOf(c));
 }
 
-void ReliableTransport::OnCloseOrReject(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body) {
+void DatagramTransport::OnCloseOrReject(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body) {
   FrameHeader fh;
   ErrorBody eb{};
   std::string_view reason;
@@ -838,7 +838,7 @@ void ReliableTransport::OnCloseOrReject(Conn& c, const DgramHeader& dh, std::spa
                                         std::string(WireErrorName(code)), "): ", std::string(reason))));
 }
 
-bool ReliableTransport::OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now) {
+bool DatagramTransport::OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now) {
   if (dh.ack > c.snd_nxt || dh.msg_ack > c.msgs_sent || dh.credit > kMaxWindow) {
     Refuse(c, WireError::kBadField, absl::InvalidArgumentError(absl::StrFormat(
                                         "ack %d / message ack %d beyond what was sent (%d / %d)", dh.ack,
@@ -903,7 +903,7 @@ bool ReliableTransport::OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now) 
   return true;
 }
 
-bool ReliableTransport::OnData(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now) {
+bool DatagramTransport::OnData(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now) {
   const uint64_t seq = dh.seq;
   if (seq < c.rcv_nxt) {
     counters_->duplicates.Add_st(1);
@@ -951,7 +951,7 @@ bool ReliableTransport::OnData(Conn& c, const DgramHeader& dh, std::span<const u
   return true;
 }
 
-bool ReliableTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t msg_offset,
+bool DatagramTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t msg_offset,
                                 std::span<const uint8_t> bytes, TimeNs now) {
   auto violation = [&](WireError code, std::string_view what) {
     Refuse(c, code, absl::InvalidArgumentError(absl::StrCat("peer rank ", c.peer_rank, ": ", std::string(what))));
@@ -1020,7 +1020,7 @@ bool ReliableTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t 
 
 // ---- teardown ---------------------------------------------------------------------------------
 
-void ReliableTransport::Refuse(Conn& c, WireError code, const absl::Status& why) {
+void DatagramTransport::Refuse(Conn& c, WireError code, const absl::Status& why) {
   if (code != WireError::kShutdown) CountError(code);
   if (c.state == ConnState::kEstablished || c.state == ConnState::kHelloSent) {
     const JobTable::Entry& job = jobs_[c.job_index];
@@ -1032,7 +1032,7 @@ void ReliableTransport::Refuse(Conn& c, WireError code, const absl::Status& why)
   Teardown(c, why);
 }
 
-void ReliableTransport::UpdateCredit() {
+void DatagramTransport::UpdateCredit() {
   const uint32_t budget = rel_.rx_budget_packets;
   if (budget == 0) {
     credit_ = window_;
@@ -1044,7 +1044,7 @@ void ReliableTransport::UpdateCredit() {
                                  window_);
 }
 
-void ReliableTransport::Teardown(Conn& c, const absl::Status& why) {
+void DatagramTransport::Teardown(Conn& c, const absl::Status& why) {
   if (c.state == ConnState::kDead || c.state == ConnState::kFree) return;
   if (c.inbound && c.state == ConnState::kEstablished) {
     --inbound_up_;
@@ -1055,7 +1055,7 @@ void ReliableTransport::Teardown(Conn& c, const absl::Status& why) {
   dead_slots_.push_back(static_cast<uint32_t>(&c - conns_.data()));
 }
 
-void ReliableTransport::FailPendingAndReportDown(Conn& c, const absl::Status& why) {
+void DatagramTransport::FailPendingAndReportDown(Conn& c, const absl::Status& why) {
   const bool report = c.known;
   c.known = false;
   while (c.msg_acked != c.msg_post) {
@@ -1072,7 +1072,7 @@ void ReliableTransport::FailPendingAndReportDown(Conn& c, const absl::Status& wh
   }
 }
 
-void ReliableTransport::ReleaseDeadSlots() {
+void DatagramTransport::ReleaseDeadSlots() {
   for (const uint32_t idx : dead_slots_) {
     Conn& c = conns_[idx];
     c.state = ConnState::kFree;
@@ -1083,7 +1083,7 @@ void ReliableTransport::ReleaseDeadSlots() {
   dead_slots_.clear();
 }
 
-ReliableTransport::Conn* ReliableTransport::AllocConn() {
+DatagramTransport::Conn* DatagramTransport::AllocConn() {
   if (free_slots_.empty()) return nullptr;
   const uint32_t idx = free_slots_.back();
   free_slots_.pop_back();
@@ -1133,7 +1133,7 @@ ReliableTransport::Conn* ReliableTransport::AllocConn() {
   return &c;
 }
 
-ReliableTransport::Conn* ReliableTransport::Lookup(PeerHandle h) {
+DatagramTransport::Conn* DatagramTransport::Lookup(PeerHandle h) {
   const uint32_t idx = h & kIndexMask;
   if (idx >= conns_.size()) return nullptr;
   Conn& c = conns_[idx];
@@ -1141,11 +1141,11 @@ ReliableTransport::Conn* ReliableTransport::Lookup(PeerHandle h) {
   return &c;
 }
 
-PeerHandle ReliableTransport::HandleOf(const Conn& c) const {
+PeerHandle DatagramTransport::HandleOf(const Conn& c) const {
   return (c.generation.load(std::memory_order_relaxed) << kIndexBits) | static_cast<uint32_t>(&c - conns_.data());
 }
 
-PeerInfo ReliableTransport::InfoOf(const Conn& c) const {
+PeerInfo DatagramTransport::InfoOf(const Conn& c) const {
   PeerInfo p;
   p.handle = HandleOf(c);
   p.job_id = c.job_index >= 0 ? jobs_[c.job_index].creds.job_id : 0;
@@ -1156,9 +1156,9 @@ PeerInfo ReliableTransport::InfoOf(const Conn& c) const {
 
 // ---- stats ------------------------------------------------------------------------------------
 
-TransportStats ReliableTransport::Stats() const { return counters_->Snapshot(); }
+TransportStats DatagramTransport::Stats() const { return counters_->Snapshot(); }
 
-PeerStats ReliableTransport::PeerStatsOf(PeerHandle peer) const {
+PeerStats DatagramTransport::PeerStatsOf(PeerHandle peer) const {
   const uint32_t idx = peer & kIndexMask;
   if (idx >= conns_.size()) return PeerStats{};
   const Conn& c = conns_[idx];
@@ -1166,9 +1166,9 @@ PeerStats ReliableTransport::PeerStatsOf(PeerHandle peer) const {
   return c.counters.Snapshot();
 }
 
-ReliableStats ReliableTransport::ReliableStatsNow() const {
+DatagramStats DatagramTransport::DatagramStatsNow() const {
   const Counters& k = *counters_;
-  ReliableStats s;
+  DatagramStats s;
   s.datagrams_sent = k.datagrams_sent.Get();
   s.datagrams_received = k.datagrams_received.Get();
   s.data_packets_sent = k.data_packets_sent.Get();
@@ -1187,4 +1187,4 @@ ReliableStats ReliableTransport::ReliableStatsNow() const {
   return s;
 }
 
-}  // namespace gradlane::transport::dpdk
+}  // namespace gradlane::transport::datagram
