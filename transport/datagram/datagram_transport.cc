@@ -28,42 +28,6 @@ uint32_t RoundUpPow2(uint32_t v) {
 
 }  // namespace
 
-// ---- addresses --------------------------------------------------------------------------------
-
-absl::StatusOr<uint32_t> ParseIpv4(std::string_view host_sv) {
-  const absl::string_view host(host_sv.data(), host_sv.size());
-  std::vector<absl::string_view> parts = absl::StrSplit(host, '.');
-  if (parts.size() != 4) return absl::InvalidArgumentError(absl::StrCat("'", host, "' is not an IPv4 address"));
-  uint32_t ip = 0;
-  for (absl::string_view p : parts) {
-    uint32_t v = 0;
-    if (p.empty() || p.size() > 3 || !absl::SimpleAtoi(p, &v) || v > 255) {
-      return absl::InvalidArgumentError(absl::StrCat("'", host, "' is not an IPv4 address"));
-    }
-    ip = ip << 8 | v;
-  }
-  return ip;
-}
-
-absl::StatusOr<Ipv4Endpoint> ParseIpv4Endpoint(std::string_view s_sv) {
-  const absl::string_view s(s_sv.data(), s_sv.size());
-  const size_t colon = s.rfind(':');
-  if (colon == absl::string_view::npos) return absl::InvalidArgumentError(absl::StrCat("'", s, "' is not IPv4:PORT"));
-  auto ip = ParseIpv4(std::string_view(s.data(), colon));
-  if (!ip.ok()) return ip.status();
-  uint32_t port = 0;
-  if (!absl::SimpleAtoi(s.substr(colon + 1), &port) || port == 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("'", s, "' has no valid port (1..65535)"));
-  }
-  return Ipv4Endpoint{*ip, static_cast<uint16_t>(port)};
-}
-
-std::string FormatIpv4(uint32_t ip) {
-  return absl::StrFormat("%d.%d.%d.%d", ip >> 24, (ip >> 16) & 255, (ip >> 8) & 255, ip & 255);
-}
-
-std::string FormatEndpoint(const Ipv4Endpoint& e) { return absl::StrCat(FormatIpv4(e.ip), ":", e.port); }
-
 // ---- state ------------------------------------------------------------------------------------
 
 struct DatagramTransport::Counters : TransportCounters {

@@ -42,53 +42,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "transport/datagram/datagram_link.h"
 #include "transport/datagram/datagram_wire.h"
+#include "transport/datagram/ipv4_udp.h"
 #include "transport/job_table.h"
 #include "transport/transport.h"
 
 namespace gradlane::transport::datagram {
-
-// An IPv4 address and UDP port, host byte order.
-struct Ipv4Endpoint {
-  uint32_t ip = 0;
-  uint16_t port = 0;
-  bool operator==(const Ipv4Endpoint&) const = default;
-};
-// "a.b.c.d:port" → endpoint; InvalidArgument otherwise (the DPDK backend speaks IPv4 only).
-absl::StatusOr<Ipv4Endpoint> ParseIpv4Endpoint(std::string_view host_port);
-absl::StatusOr<uint32_t> ParseIpv4(std::string_view host);
-std::string FormatIpv4(uint32_t ip);
-std::string FormatEndpoint(const Ipv4Endpoint& e);
-
-// Where received datagrams go.
-class DatagramSink {
- public:
-  virtual ~DatagramSink() = default;
-  virtual void OnDatagram_st(const Ipv4Endpoint& from, std::span<const uint8_t> bytes, TimeNs now) = 0;
-};
-
-// The unreliable link under the protocol: the DPDK port in production, a lossy pipe in tests.
-class DatagramLink {
- public:
-  virtual ~DatagramLink() = default;
-  // Largest datagram (UDP payload) one send may carry; at least kMinDatagramBytes.
-  virtual uint32_t max_datagram_bytes() const = 0;
-  // This end's address (the port is what Listen_st reports).
-  virtual Ipv4Endpoint local_endpoint() const = 0;
-  // Queues one datagram of head + body. `head` is copied; `body` may be referenced instead
-  // (zero-copy): it stays valid until the send it belongs to is acknowledged or failed. False:
-  // no room right now (nothing was queued; try again on a later step).
-  virtual bool Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head,
-                       std::span<const uint8_t> body) = 0;
-  // Puts queued datagrams on the wire.
-  virtual void Flush_st() = 0;
-  // Hands received datagrams to `sink`. With none ready and wait > 0, waits for one up to
-  // `wait` (backing off, so an idle daemon does not hold a core). Returns datagrams handed over.
-  virtual int Poll_st(DatagramSink* sink, TimeNs now, TimeNs wait) = 0;
-  // Datagrams the port holds for us between two polls before it drops (a NIC's RX descriptors,
-  // an af_packet ring's frames); 0: unknown.
-  virtual uint32_t rx_capacity_packets() const { return 0; }
-};
 
 // Transmit-side fault injection (tests and the loss benchmark; all zero in production).
 struct FaultOptions {

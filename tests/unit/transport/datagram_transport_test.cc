@@ -638,15 +638,5 @@ TEST_F(ReliableTest, BadOptionsAreRefused) {
   EXPECT_FALSE(DatagramTransport::Create(Opts(), {}, &tiny, &hd).ok());
 }
 
-TEST(Ipv4, ParseAndFormat) {
-  auto e = ParseIpv4Endpoint("192.168.77.1:7610");
-  ASSERT_TRUE(e.ok());
-  EXPECT_EQ(e->ip, 0xC0A84D01u);
-  EXPECT_EQ(FormatEndpoint(*e), "192.168.77.1:7610");
-  EXPECT_FALSE(ParseIpv4Endpoint("192.168.77:1").ok());
-  EXPECT_FALSE(ParseIpv4Endpoint("192.168.77.256:1").ok());
-  EXPECT_FALSE(ParseIpv4Endpoint("[::1]:1").ok());
-}
-
 }  // namespace
 }  // namespace gradlane::transport::datagram
