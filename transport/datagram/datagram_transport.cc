@@ -32,8 +32,7 @@ uint32_t RoundUpPow2(uint32_t v) {
 
 struct DatagramTransport::Counters : TransportCounters {
   StatCounter datagrams_sent, datagrams_received, data_packets_sent, retransmits, timeouts,
-      duplicates, out_of_order, beyond_credit, pure_acks_sent, stray, replies_suppressed,
-      injected_drops, injected_reorders, injected_duplicates, link_full;
+      duplicates, out_of_order, beyond_credit, pure_acks_sent, stray, replies_suppressed, link_full;
 };
 
 enum class ConnState : uint8_t { kFree, kHelloSent, kEstablished, kDead };
@@ -141,11 +140,7 @@ absl::StatusOr<std::unique_ptr<DatagramTransport>> DatagramTransport::Create(
   if (reliable.min_rto <= 0 || reliable.initial_rto < reliable.min_rto || reliable.max_rto < reliable.initial_rto) {
     return absl::InvalidArgumentError("need 0 < min_rto <= initial_rto <= max_rto");
   }
-  const FaultOptions& f = reliable.faults;
-  for (double p : {f.drop_probability, f.reorder_probability, f.duplicate_probability}) {
-    if (!(p >= 0 && p < 1)) return absl::InvalidArgumentError("fault probabilities must be in [0, 1)");
-  }
-  if (f.drop_every == 1) return absl::InvalidArgumentError("drop_every=1 would drop everything");
+  if (absl::Status s = FaultyLink::Validate(reliable.faults); !s.ok()) return s;
   uint32_t dg = link->max_datagram_bytes();
   if (reliable.max_datagram_bytes != 0) dg = std::min(dg, reliable.max_datagram_bytes);
   if (dg < kMinDatagramBytes) {
@@ -157,7 +152,6 @@ absl::StatusOr<std::unique_ptr<DatagramTransport>> DatagramTransport::Create(
   t->window_ = reliable.window_packets;
   t->credit_ = t->window_;
   t->rel_.ack_every = std::max<uint32_t>(1, reliable.ack_every);
-  t->rng_ = f.seed * 0x9E3779B97F4A7C15ull + 1;
   t->conn_storage_.reset(new Conn[options.max_connections]);
   t->conns_ = std::span<Conn>(t->conn_storage_.get(), options.max_connections);
   t->free_slots_.reserve(options.max_connections);
@@ -165,7 +159,11 @@ absl::StatusOr<std::unique_ptr<DatagramTransport>> DatagramTransport::Create(
   t->active_.reserve(options.max_connections);
   for (uint32_t i = options.max_connections; i-- > 0;) t->free_slots_.push_back(i);
   t->regions_.reserve(options.max_regions);
-  t->held_head_.resize(kMaxControlBytes);
+  if (reliable.faults.any()) {
+    // Data packets' heads are shorter than the longest control datagram: any may be reordered.
+    t->faulty_ = std::make_unique<FaultyLink>(link, reliable.faults, kMaxControlBytes);
+    t->link_ = t->faulty_.get();
+  }
   return t;
 }
 
@@ -276,7 +274,7 @@ int DatagramTransport::Progress_st(TimeNs now, int wait_ms) {
     Service(c, now);
     if (c.snd_nxt + c.msg_acked + c.rcv_nxt != before) ++work;
   }
-  FlushHeld();
+  if (faulty_ != nullptr) faulty_->ReleaseHeld_st();
   link_->Flush_st();
   ReleaseDeadSlots();
   if (work == 0 && wait_ms > 0) {
@@ -570,57 +568,16 @@ bool DatagramTransport::MayAnswerStranger(TimeNs now) {
   return true;
 }
 
-double DatagramTransport::NextRandom() {
-  // splitmix64: deterministic per seed, so a fault pattern can be replayed.
-  uint64_t z = (rng_ += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * 0x1.0p-53;
-}
-
 bool DatagramTransport::Transmit(const Ipv4Endpoint& to, std::span<const uint8_t> head,
                                  std::span<const uint8_t> body) {
-  const FaultOptions& f = rel_.faults;
-  if (f.any()) {
-    ++fault_count_;
-    if ((f.drop_every != 0 && fault_count_ % f.drop_every == 0) ||
-        (f.drop_probability > 0 && NextRandom() < f.drop_probability)) {
-      counters_->injected_drops.Add_st(1);
-      return true;  // "sent": the wire lost it
-    }
-    if (f.duplicate_probability > 0 && NextRandom() < f.duplicate_probability) {
-      if (link_->Send_st(to, head, body)) {
-        counters_->injected_duplicates.Add_st(1);
-        counters_->datagrams_sent.Add_st(1);
-      }
-    }
-    if (!held_ && f.reorder_probability > 0 && head.size() <= held_head_.size() &&
-        NextRandom() < f.reorder_probability) {
-      held_ = true;
-      held_to_ = to;
-      std::memcpy(held_head_.data(), head.data(), head.size());
-      held_head_bytes_ = head.size();
-      held_body_ = body;
-      counters_->injected_reorders.Add_st(1);
-      return true;
-    }
-  }
   if (!link_->Send_st(to, head, body)) {
     counters_->link_full.Add_st(1);
     return false;
   }
-  counters_->datagrams_sent.Add_st(1);
-  if (held_) FlushHeld();  // the held one goes after this: reordered
+  // With faults injected, what reached the wire is the injector's count (drops and holds are
+  // "sent" here, duplicates are extra).
+  if (faulty_ == nullptr) counters_->datagrams_sent.Add_st(1);
   return true;
-}
-
-void DatagramTransport::FlushHeld() {
-  if (!held_) return;
-  held_ = false;
-  if (link_->Send_st(held_to_, std::span<const uint8_t>(held_head_.data(), held_head_bytes_), held_body_)) {
-    counters_->datagrams_sent.Add_st(1);
-  }
 }
 
 // ---- receive ----------------------------------------------------------------------------------
@@ -1133,7 +1090,8 @@ PeerStats DatagramTransport::PeerStatsOf(PeerHandle peer) const {
 DatagramStats DatagramTransport::DatagramStatsNow() const {
   const Counters& k = *counters_;
   DatagramStats s;
-  s.datagrams_sent = k.datagrams_sent.Get();
+  const FaultStats f = faulty_ != nullptr ? faulty_->Stats() : FaultStats{};
+  s.datagrams_sent = k.datagrams_sent.Get() + f.sent;
   s.datagrams_received = k.datagrams_received.Get();
   s.data_packets_sent = k.data_packets_sent.Get();
   s.retransmits = k.retransmits.Get();
@@ -1144,9 +1102,9 @@ DatagramStats DatagramTransport::DatagramStatsNow() const {
   s.pure_acks_sent = k.pure_acks_sent.Get();
   s.stray = k.stray.Get();
   s.replies_suppressed = k.replies_suppressed.Get();
-  s.injected_drops = k.injected_drops.Get();
-  s.injected_reorders = k.injected_reorders.Get();
-  s.injected_duplicates = k.injected_duplicates.Get();
+  s.injected_drops = f.drops;
+  s.injected_reorders = f.reorders;
+  s.injected_duplicates = f.duplicates;
   s.link_full = k.link_full.Get();
   return s;
 }

@@ -21,7 +21,7 @@
 //     reject with the same WireError codes and statuses), keepalive probes so a vanished peer is
 //     noticed after peer_timeout even when idle, and a best-effort close with a reason;
 //   - fault injection on transmit (drop every Nth / with probability p, reorder, duplicate) to
-//     prove the above.
+//     prove the above: a FaultyLink (faulty_link.h) in front of the link when options ask.
 //
 // Guarantees: those of transport/transport.h. The send source is referenced, not copied, until
 // the segment is acknowledged (retransmissions read it again), so the engine's rule "reuse a
@@ -44,23 +44,12 @@
 #include "absl/status/statusor.h"
 #include "transport/datagram/datagram_link.h"
 #include "transport/datagram/datagram_wire.h"
+#include "transport/datagram/faulty_link.h"
 #include "transport/datagram/ipv4_udp.h"
 #include "transport/job_table.h"
 #include "transport/transport.h"
 
 namespace gradlane::transport::datagram {
-
-// Transmit-side fault injection (tests and the loss benchmark; all zero in production).
-struct FaultOptions {
-  uint32_t drop_every = 0;            // drop every Nth datagram sent (0: never)
-  double drop_probability = 0;        // and/or each with this probability
-  double reorder_probability = 0;     // hold a datagram back and send it after the next one
-  double duplicate_probability = 0;   // send a datagram twice
-  uint64_t seed = 1;
-  bool any() const {
-    return drop_every != 0 || drop_probability > 0 || reorder_probability > 0 || duplicate_probability > 0;
-  }
-};
 
 struct DatagramOptions {
   // Packets in flight per connection, and the credit (reorder buffer) each receiver offers.
@@ -174,7 +163,6 @@ class DatagramTransport final : public Transport, public DatagramSink {
   void SendError(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
                  uint64_t job_id, uint16_t rank, WireError code, std::string_view reason);
   bool Transmit(const Ipv4Endpoint& to, std::span<const uint8_t> head, std::span<const uint8_t> body);
-  void FlushHeld();
 
   // Protocol violation or timeout: count, tell the peer why (best effort), tear down.
   void Refuse(Conn& c, WireError code, const absl::Status& why);
@@ -187,11 +175,12 @@ class DatagramTransport final : public Transport, public DatagramSink {
   void FailPendingAndReportDown(Conn& c, const absl::Status& why);
   void ReleaseDeadSlots();
   void CountError(WireError e);
-  double NextRandom();
 
   const TransportOptions options_;
   DatagramOptions rel_;
-  DatagramLink* const link_;
+  // What sends go through: the link, or the fault injector in front of it.
+  DatagramLink* link_;
+  std::unique_ptr<FaultyLink> faulty_;
   TransportHandler* const handler_;
   uint32_t max_dgram_ = 0;
   uint32_t window_ = 0;
@@ -209,15 +198,6 @@ class DatagramTransport final : public Transport, public DatagramSink {
   std::vector<uint32_t> active_;  // slots in use (any state but free)
   JobTable jobs_;
   std::vector<RegisteredRegion> regions_;
-  // Fault injection: one datagram held back for reordering.
-  uint64_t fault_count_ = 0;
-  uint64_t rng_ = 0;
-  bool held_ = false;
-  Ipv4Endpoint held_to_;
-  std::vector<uint8_t> held_head_;
-  std::span<const uint8_t> held_body_;
-  size_t held_head_bytes_ = 0;
-
   struct Counters;
   std::unique_ptr<Counters> counters_;
 };
