@@ -16,8 +16,6 @@ namespace {
 constexpr uint32_t kIndexBits = 16;
 constexpr uint32_t kIndexMask = (1u << kIndexBits) - 1;
 constexpr TimeNs kNever = std::numeric_limits<TimeNs>::max();
-// A hole is retransmitted early once this many later packets were selectively acknowledged.
-constexpr uint64_t kDupThresh = 3;
 constexpr size_t kMaxControlBytes = kDgramHeaderBytes + kFrameHeaderBytes + kMaxControlPayloadBytes;
 
 uint32_t RoundUpPow2(uint32_t v) {
@@ -42,15 +40,6 @@ struct DatagramTransport::Conn {
     FrameHeader header;
     const uint8_t* payload = nullptr;
     uint64_t cookie = 0;
-  };
-  struct TxPkt {
-    uint64_t msg = 0;
-    uint32_t offset = 0;
-    uint32_t len = 0;
-    uint16_t flags = 0;
-    uint16_t sends = 0;
-    bool sacked = false;
-    TimeNs sent_at = 0;
   };
   struct RxSlot {
     bool present = false;
@@ -85,14 +74,7 @@ struct DatagramTransport::Conn {
   uint64_t tx_off = 0;
   bool tx_started = false;
   // send side: packets
-  std::vector<TxPkt> pkts;
-  uint64_t pkt_mask = 0;
-  uint64_t snd_una = 0, snd_nxt = 0, peer_limit = 0, highest_sacked = 0;
-  bool sack_holes = false;
-  TimeNs srtt = 0, rttvar = 0, rto = 0;
-  bool have_rtt = false;
-  TimeNs acked_at = 0;  // when snd_una last moved: the retransmission timer restarts there
-  TimeNs timer_at = kNever;
+  SendWindow tx;
   // receive side
   uint64_t rcv_nxt = 0;
   uint64_t sack[4] = {0, 0, 0, 0};
@@ -112,7 +94,6 @@ struct DatagramTransport::Conn {
 
   bool HasPending() const { return msg_acked != msg_post; }
   PendingSend& Send(uint64_t m) { return sends[m & send_mask]; }
-  TxPkt& Pkt(uint64_t s) { return pkts[s & pkt_mask]; }
 };
 
 DatagramTransport::DatagramTransport(const TransportOptions& options, const DatagramOptions& reliable,
@@ -270,9 +251,9 @@ int DatagramTransport::Progress_st(TimeNs now, int wait_ms) {
   int work = link_->Poll_st(this, now, 0);
   for (size_t i = 0; i < active_.size(); ++i) {
     Conn& c = conns_[active_[i]];
-    const uint64_t before = c.snd_nxt + c.msg_acked + c.rcv_nxt;
+    const uint64_t before = c.tx.next() + c.msg_acked + c.rcv_nxt;
     Service(c, now);
-    if (c.snd_nxt + c.msg_acked + c.rcv_nxt != before) ++work;
+    if (c.tx.next() + c.msg_acked + c.rcv_nxt != before) ++work;
   }
   if (faulty_ != nullptr) faulty_->ReleaseHeld_st();
   link_->Flush_st();
@@ -282,7 +263,7 @@ int DatagramTransport::Progress_st(TimeNs now, int wait_ms) {
     for (uint32_t idx : active_) {
       const Conn& c = conns_[idx];
       if (c.state == ConnState::kHelloSent) wait = std::min(wait, std::max<TimeNs>(0, c.retry_at - now));
-      if (c.timer_at != kNever) wait = std::min(wait, std::max<TimeNs>(0, c.timer_at - now));
+      if (c.tx.timer_at() != kNever) wait = std::min(wait, std::max<TimeNs>(0, c.tx.timer_at() - now));
       if (c.ack_due_since != kNever) wait = 0;
     }
     if (wait > 0) work += link_->Poll_st(this, now, wait);
@@ -351,56 +332,20 @@ void DatagramTransport::SendHello(Conn& c) {
 }
 
 bool DatagramTransport::Retransmit(Conn& c, TimeNs now) {
-  if (c.snd_una == c.snd_nxt) {
-    c.timer_at = kNever;
-    c.sack_holes = false;
-    return true;
-  }
-  if (now < c.timer_at && !c.sack_holes) return true;
-  const TimeNs fast_gap = c.have_rtt ? c.srtt : c.rto;
-  TimeNs next = kNever;
-  bool fired = false;
-  uint32_t expired_sent = 0;
-  for (uint64_t s = c.snd_una; s != c.snd_nxt; ++s) {
-    Conn::TxPkt& p = c.Pkt(s);
-    if (p.sacked) continue;
-    // A packet is presumed lost once a whole RTO has passed since it was sent *and* since the
-    // cumulative ack last moved (RFC 6298 5.3 restarts the timer on every ack of new data).
-    // Timed from its send alone, a packet queued behind a window's worth of others in a slow
-    // link's queue (a 2.3 MB window is 18 ms at 1 Gbit/s) would time out while acks still
-    // flow — spurious retransmissions by the thousand, measured at 1 Gbit/s under tbf.
-    const TimeNs since = std::max(p.sent_at, c.acked_at);
-    const bool due = now - since >= c.rto;
-    const bool expired = due && expired_sent < rel_.rto_burst;
-    const bool fast = c.sack_holes && s + kDupThresh <= c.highest_sacked && now - p.sent_at >= fast_gap;
-    if (expired && !fast) ++expired_sent;
-    if (expired || fast) {
-      if (!SendDataPacket(c, s)) {
-        next = now;  // link full: try again next step
-        break;
-      }
-      if (c.state != ConnState::kEstablished) return false;
-      p.sent_at = now;
-      ++p.sends;
-      counters_->retransmits.Add_st(1);
-      fired |= expired;
-    }
-    // Due but past this timeout's burst: it waits a whole (backed-off) timeout for the acks.
-    next = std::min(next, due && !expired && p.sent_at != now ? now + c.rto : std::max(p.sent_at, c.acked_at) + c.rto);
-  }
-  if (fired) {
-    counters_->timeouts.Add_st(1);
-    c.rto = std::min(c.rto * 2, rel_.max_rto);  // back off (RFC 6298 5.5)
-  }
-  c.sack_holes = false;
-  c.timer_at = next;
+  const SendWindow::RetransmitResult r = c.tx.Retransmit(now, [&](uint64_t seq) {
+    if (!SendDataPacket(c, seq)) return SendWindow::Resend::kLinkFull;
+    return c.state == ConnState::kEstablished ? SendWindow::Resend::kSent : SendWindow::Resend::kGone;
+  });
+  counters_->retransmits.Add_st(r.resent);
+  if (r.gone) return false;
+  if (r.timed_out) counters_->timeouts.Add_st(1);
   return true;
 }
 
 bool DatagramTransport::SendNew(Conn& c, TimeNs now) {
   const uint32_t first_cap = max_dgram_ - kDgramHeaderBytes - kFrameHeaderBytes;
   const uint32_t cap = max_dgram_ - kDgramHeaderBytes;
-  while (c.snd_nxt < c.snd_una + window_ && c.snd_nxt < c.peer_limit) {
+  while (c.tx.CanSendNew(window_)) {
     if (!c.tx_started) {
       if (c.msg_tx == c.msg_post) break;
       // The rejected-bit map covers kMaxWindow messages: never more unfinished than that.
@@ -413,18 +358,11 @@ bool DatagramTransport::SendNew(Conn& c, TimeNs now) {
     const uint64_t left = m.header.length - c.tx_off;
     const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(first ? first_cap : cap, left));
     const bool last = len == left;
-    Conn::TxPkt& p = c.Pkt(c.snd_nxt);
-    p.msg = c.msg_tx;
-    p.offset = static_cast<uint32_t>(c.tx_off);
-    p.len = len;
-    p.flags = static_cast<uint16_t>((first ? kPktFirst : 0) | (last ? kPktLast : 0));
-    p.sends = 1;
-    p.sacked = false;
-    p.sent_at = now;
-    if (!SendDataPacket(c, c.snd_nxt)) break;
+    c.tx.Stage(c.msg_tx, static_cast<uint32_t>(c.tx_off), len,
+               static_cast<uint16_t>((first ? kPktFirst : 0) | (last ? kPktLast : 0)), now);
+    if (!SendDataPacket(c, c.tx.next())) break;
     if (c.state != ConnState::kEstablished) return false;
-    ++c.snd_nxt;
-    c.timer_at = std::min(c.timer_at, now + c.rto);
+    c.tx.Commit(now);
     c.tx_off += len;
     if (last) {
       c.tx_started = false;
@@ -455,7 +393,7 @@ void DatagramTransport::FillAckFields(Conn& c, DgramHeader& h) {
 }
 
 bool DatagramTransport::SendDataPacket(Conn& c, uint64_t seq) {
-  const Conn::TxPkt& p = c.Pkt(seq);
+  const SendWindow::Packet& p = c.tx.packet(seq);
   const Conn::PendingSend& m = c.Send(p.msg);
   struct {
     DgramHeader dh;
@@ -473,7 +411,7 @@ bool DatagramTransport::SendDataPacket(Conn& c, uint64_t seq) {
   head.dh.msg = p.msg;
   head.dh.msg_offset = p.offset;
   // The tail of the window asks for an ack at once rather than after the delay.
-  if (seq + 1 == c.snd_una + window_ || seq + 1 == c.peer_limit) head.dh.flags |= kPktAckNow;
+  if (c.tx.IsLastAllowed(seq, window_)) head.dh.flags |= kPktAckNow;
   const bool first = (p.flags & kPktFirst) != 0;
   head.dh.payload_bytes = p.len + (first ? static_cast<uint32_t>(kFrameHeaderBytes) : 0);
   const uint32_t rx_unacked = c.rx_unacked;
@@ -702,7 +640,7 @@ void DatagramTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh,
   c->addr = from;
   c->addr_text = FormatEndpoint(from);
   c->remote_conn = dh.src_conn;
-  c->peer_limit = std::min<uint64_t>(dh.credit, kMaxWindow);
+  c->tx.SetInitialCredit(dh.credit);
   c->state = ConnState::kEstablished;
   c->last_heard = c->last_progress = now;
   ++inbound_up_;
@@ -729,7 +667,7 @@ void DatagramTransport::OnHelloOk(Conn& c, const DgramHeader& dh, std::span<cons
     return Refuse(c, WireError::kBadRank, absl::InvalidArgumentError(absl::StrCat("peer claims rank ", fh.sender_rank)));
   }
   c.peer_rank = fh.sender_rank;
-  c.peer_limit = std::min<uint64_t>(dh.credit, kMaxWindow);
+  c.tx.SetInitialCredit(dh.credit);
   c.state = ConnState::kEstablished;
   c.last_heard = c.last_progress = now;
   counters_->peers_up.Add_st(1);
@@ -760,48 +698,15 @@ void DatagramTransport::OnCloseOrReject(Conn& c, const DgramHeader& dh, std::spa
 }
 
 bool DatagramTransport::OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now) {
-  if (dh.ack > c.snd_nxt || dh.msg_ack > c.msgs_sent || dh.credit > kMaxWindow) {
+  if (dh.ack > c.tx.next() || dh.msg_ack > c.msgs_sent || dh.credit > kMaxWindow) {
     Refuse(c, WireError::kBadField, absl::InvalidArgumentError(absl::StrFormat(
                                         "ack %d / message ack %d beyond what was sent (%d / %d)", dh.ack,
-                                        dh.msg_ack, c.snd_nxt, c.msgs_sent)));
+                                        dh.msg_ack, c.tx.next(), c.msgs_sent)));
     return false;
   }
-  if (dh.ack < c.snd_una) return true;  // an older ack overtaken by a newer one: stale
-  c.peer_limit = std::max(c.peer_limit, dh.ack + dh.credit);
-  if (dh.ack > c.snd_una) {
-    // RTT sample from the newest packet this ack covers, never from a retransmitted one (Karn).
-    const Conn::TxPkt& p = c.Pkt(dh.ack - 1);
-    if (p.sends == 1 && !p.sacked) {
-      const TimeNs r = std::max<TimeNs>(now - p.sent_at, 0);
-      if (!c.have_rtt) {
-        c.srtt = r;
-        c.rttvar = r / 2;
-        c.have_rtt = true;
-      } else {
-        const TimeNs d = c.srtt > r ? c.srtt - r : r - c.srtt;
-        c.rttvar = (3 * c.rttvar + d) / 4;
-        c.srtt = (7 * c.srtt + r) / 8;
-      }
-    }
-    if (c.have_rtt) {
-      c.rto = std::clamp<TimeNs>(c.srtt + std::max<TimeNs>(10 * sched::kMicrosecond, 4 * c.rttvar), rel_.min_rto,
-                                 rel_.max_rto);
-    }
-    c.snd_una = dh.ack;
-    c.acked_at = now;
-    c.last_progress = now;
-    c.timer_at = c.snd_una == c.snd_nxt ? kNever : std::min(c.timer_at, now + c.rto);
-  }
-  if ((dh.sack[0] | dh.sack[1] | dh.sack[2] | dh.sack[3]) != 0) {
-    const uint64_t end = std::min(c.snd_nxt, c.snd_una + kMaxWindow);
-    for (uint64_t s = c.snd_una; s < end; ++s) {
-      if (BitTest(dh.sack, s)) {
-        c.Pkt(s).sacked = true;
-        c.highest_sacked = std::max(c.highest_sacked, s);
-      }
-    }
-    if (c.highest_sacked > c.snd_una) c.sack_holes = true;
-  }
+  const SendWindow::AckResult ack = c.tx.OnAck(dh.ack, dh.sack, dh.credit, now);
+  if (ack.stale) return true;  // an older header overtaken by a newer one
+  if (ack.advanced) c.last_progress = now;
   while (c.msg_acked < dh.msg_ack) {
     const uint64_t m = c.msg_acked++;
     const Conn::PendingSend& s = c.Send(m);
@@ -1015,8 +920,7 @@ DatagramTransport::Conn* DatagramTransport::AllocConn() {
     const uint32_t n = RoundUpPow2(options_.max_pending_sends_per_peer);
     c.sends.resize(n);
     c.send_mask = n - 1;
-    c.pkts.resize(kMaxWindow);
-    c.pkt_mask = kMaxWindow - 1;
+    c.tx.Init();
     c.rx_slots.resize(window_);
     c.rx_buf.resize(static_cast<size_t>(window_) * (max_dgram_ - kDgramHeaderBytes));
   }
@@ -1032,13 +936,7 @@ DatagramTransport::Conn* DatagramTransport::AllocConn() {
   c.last_heard = c.last_progress = c.last_ping = 0;
   c.msg_post = c.msg_acked = c.msg_tx = c.msgs_sent = c.tx_off = 0;
   c.tx_started = false;
-  c.snd_una = c.snd_nxt = c.peer_limit = c.highest_sacked = 0;
-  c.sack_holes = false;
-  c.srtt = c.rttvar = 0;
-  c.rto = rel_.initial_rto;
-  c.have_rtt = false;
-  c.acked_at = 0;
-  c.timer_at = kNever;
+  c.tx.Reset(SendWindow::Timing{rel_.initial_rto, rel_.min_rto, rel_.max_rto, rel_.rto_burst});
   c.rcv_nxt = 0;
   std::fill(std::begin(c.sack), std::end(c.sack), 0);
   std::fill(std::begin(c.rejected), std::end(c.rejected), 0);

@@ -46,6 +46,7 @@
 #include "transport/datagram/datagram_wire.h"
 #include "transport/datagram/faulty_link.h"
 #include "transport/datagram/ipv4_udp.h"
+#include "transport/datagram/send_window.h"
 #include "transport/job_table.h"
 #include "transport/transport.h"
 
