@@ -41,13 +41,6 @@ struct DatagramTransport::Conn {
     const uint8_t* payload = nullptr;
     uint64_t cookie = 0;
   };
-  struct RxSlot {
-    bool present = false;
-    uint16_t flags = 0;
-    uint32_t msg_offset = 0;
-    uint32_t bytes = 0;
-    uint64_t msg = 0;
-  };
 
   std::atomic<uint32_t> generation{1};
   ConnState state = ConnState::kFree;
@@ -75,21 +68,14 @@ struct DatagramTransport::Conn {
   bool tx_started = false;
   // send side: packets
   SendWindow tx;
-  // receive side
-  uint64_t rcv_nxt = 0;
-  uint64_t sack[4] = {0, 0, 0, 0};
-  uint64_t rejected[4] = {0, 0, 0, 0};
-  uint64_t rx_msg_next = 0;  // messages below this are placed or rejected
+  // receive side: packets
+  ReorderBuffer rx;
+  // receive side: the segment being placed (message rx.next_message())
   bool rx_in_msg = false;
   FrameHeader rx_header{};
   RecvTarget rx_target;
   uint8_t* rx_dst = nullptr;
   uint64_t rx_got = 0;
-  std::vector<RxSlot> rx_slots;
-  std::vector<uint8_t> rx_buf;  // window × max datagram payload: out-of-order packets
-  uint32_t rx_unacked = 0;
-  bool ack_now = false;
-  TimeNs ack_due_since = kNever;
   PeerCounters counters;
 
   bool HasPending() const { return msg_acked != msg_post; }
@@ -251,9 +237,9 @@ int DatagramTransport::Progress_st(TimeNs now, int wait_ms) {
   int work = link_->Poll_st(this, now, 0);
   for (size_t i = 0; i < active_.size(); ++i) {
     Conn& c = conns_[active_[i]];
-    const uint64_t before = c.tx.next() + c.msg_acked + c.rcv_nxt;
+    const uint64_t before = c.tx.next() + c.msg_acked + c.rx.next();
     Service(c, now);
-    if (c.tx.next() + c.msg_acked + c.rcv_nxt != before) ++work;
+    if (c.tx.next() + c.msg_acked + c.rx.next() != before) ++work;
   }
   if (faulty_ != nullptr) faulty_->ReleaseHeld_st();
   link_->Flush_st();
@@ -264,7 +250,7 @@ int DatagramTransport::Progress_st(TimeNs now, int wait_ms) {
       const Conn& c = conns_[idx];
       if (c.state == ConnState::kHelloSent) wait = std::min(wait, std::max<TimeNs>(0, c.retry_at - now));
       if (c.tx.timer_at() != kNever) wait = std::min(wait, std::max<TimeNs>(0, c.tx.timer_at() - now));
-      if (c.ack_due_since != kNever) wait = 0;
+      if (c.rx.AckPending()) wait = 0;
     }
     if (wait > 0) work += link_->Poll_st(this, now, wait);
   }
@@ -312,8 +298,7 @@ void DatagramTransport::Service(Conn& c, TimeNs now) {
   }
   if (!Retransmit(c, now)) return;
   if (!SendNew(c, now)) return;
-  if (c.ack_now || (c.ack_due_since != kNever &&
-                    (c.rx_unacked >= rel_.ack_every || now - c.ack_due_since >= rel_.ack_delay))) {
+  if (c.rx.AckDue(now, rel_.ack_every, rel_.ack_delay)) {
     SendAck(c, /*probe=*/false);
   }
 }
@@ -380,18 +365,6 @@ bool DatagramTransport::SendNew(Conn& c, TimeNs now) {
   return true;
 }
 
-void DatagramTransport::FillAckFields(Conn& c, DgramHeader& h) {
-  h.ack = c.rcv_nxt;
-  h.msg_ack = c.rx_msg_next;
-  std::memcpy(h.sack, c.sack, sizeof(h.sack));
-  std::memcpy(h.rejected, c.rejected, sizeof(h.rejected));
-  h.credit = credit_;
-  // This header acknowledges everything received so far.
-  c.rx_unacked = 0;
-  c.ack_due_since = kNever;
-  c.ack_now = false;
-}
-
 bool DatagramTransport::SendDataPacket(Conn& c, uint64_t seq) {
   const SendWindow::Packet& p = c.tx.packet(seq);
   const Conn::PendingSend& m = c.Send(p.msg);
@@ -414,19 +387,15 @@ bool DatagramTransport::SendDataPacket(Conn& c, uint64_t seq) {
   if (c.tx.IsLastAllowed(seq, window_)) head.dh.flags |= kPktAckNow;
   const bool first = (p.flags & kPktFirst) != 0;
   head.dh.payload_bytes = p.len + (first ? static_cast<uint32_t>(kFrameHeaderBytes) : 0);
-  const uint32_t rx_unacked = c.rx_unacked;
-  const TimeNs due = c.ack_due_since;
-  const bool ack_now = c.ack_now;
-  FillAckFields(c, head.dh);
+  const ReorderBuffer::Owed owed = c.rx.owed();
+  c.rx.FillAck(head.dh, credit_);
   if (first) head.fh = m.header;
   const size_t head_bytes = kDgramHeaderBytes + (first ? kFrameHeaderBytes : 0);
   const bool ok = Transmit(c.addr, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&head), head_bytes),
                            std::span<const uint8_t>(m.payload + p.offset, p.len));
   if (!ok) {
     // Not sent: the ack we meant to piggyback is still owed.
-    c.rx_unacked = rx_unacked;
-    c.ack_due_since = due;
-    c.ack_now = ack_now;
+    c.rx.Restore(owed);
     return false;
   }
   counters_->data_packets_sent.Add_st(1);
@@ -442,15 +411,13 @@ void DatagramTransport::SendAck(Conn& c, bool probe) {
   h.dst_conn = c.remote_conn;
   h.src_conn = HandleOf(c);
   if (probe) h.flags |= kPktAckNow;  // a keepalive: the peer answers at once
-  const uint32_t rx_unacked = c.rx_unacked;
-  const TimeNs due = c.ack_due_since;
-  FillAckFields(c, h);
+  const ReorderBuffer::Owed owed = c.rx.owed();
+  c.rx.FillAck(h, credit_);
   if (Transmit(c.addr, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&h), sizeof(h)), {})) {
     counters_->pure_acks_sent.Add_st(1);
   } else {
-    c.rx_unacked = rx_unacked;
-    c.ack_due_since = due;
-    c.ack_now = true;
+    c.rx.Restore(owed);
+    c.rx.AckNow();
   }
 }
 
@@ -466,7 +433,7 @@ bool DatagramTransport::SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, C
   h.src_conn = c != nullptr ? HandleOf(*c) : 0;
   h.credit = credit_;
   h.payload_bytes = static_cast<uint32_t>(kFrameHeaderBytes + body_bytes);
-  if (c != nullptr && c->state == ConnState::kEstablished) FillAckFields(*c, h);
+  if (c != nullptr && c->state == ConnState::kEstablished) c->rx.FillAck(h, credit_);
   std::memcpy(buf.data(), &h, sizeof(h));
   std::memcpy(buf.data() + sizeof(h), &fh, sizeof(fh));
   if (body_bytes > 0) std::memcpy(buf.data() + sizeof(h) + sizeof(fh), body, body_bytes);
@@ -583,7 +550,7 @@ void DatagramTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const 
   if (c->state != ConnState::kEstablished) return;  // data before our hello-ok: resent later
   c->last_heard = now;
   if (!OnAckFields(*c, dh, now)) return;
-  if ((dh.flags & kPktAckNow) != 0) c->ack_now = true;
+  if ((dh.flags & kPktAckNow) != 0) c->rx.AckNow();
   if (type == DgramType::kData) OnData(*c, dh, body, now);
 }
 
@@ -730,50 +697,25 @@ bool DatagramTransport::OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now) 
 }
 
 bool DatagramTransport::OnData(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now) {
-  const uint64_t seq = dh.seq;
-  if (seq < c.rcv_nxt) {
-    counters_->duplicates.Add_st(1);
-    c.ack_now = true;  // our ack was probably lost
-    return true;
-  }
-  if (seq >= c.rcv_nxt + window_ || (seq > c.rcv_nxt && body.size() > max_dgram_ - kDgramHeaderBytes)) {
-    counters_->beyond_credit.Add_st(1);
-    c.ack_now = true;
-    return true;
-  }
-  if (c.ack_due_since == kNever) c.ack_due_since = now;
-  if (seq > c.rcv_nxt) {
-    Conn::RxSlot& slot = c.rx_slots[seq % window_];
-    if (slot.present) {
+  ReorderBuffer::Packet p{dh.flags, dh.msg, dh.msg_offset, body};
+  switch (c.rx.OnPacket(dh.seq, p, now)) {
+    case ReorderBuffer::Verdict::kDuplicate:
       counters_->duplicates.Add_st(1);
-    } else {
-      slot.present = true;
-      slot.flags = dh.flags;
-      slot.msg = dh.msg;
-      slot.msg_offset = dh.msg_offset;
-      slot.bytes = static_cast<uint32_t>(body.size());
-      std::memcpy(c.rx_buf.data() + (seq % window_) * (max_dgram_ - kDgramHeaderBytes), body.data(), body.size());
-      BitSet(c.sack, seq, true);
+      return true;
+    case ReorderBuffer::Verdict::kBeyondCapacity:
+      counters_->beyond_credit.Add_st(1);
+      return true;
+    case ReorderBuffer::Verdict::kHeld:
       counters_->out_of_order.Add_st(1);
-    }
-    c.ack_now = true;  // tell the sender about the hole at once (fast retransmit)
-    return true;
+      return true;
+    case ReorderBuffer::Verdict::kInOrder:
+      break;
   }
-  if (!Deliver(c, dh.flags, dh.msg, dh.msg_offset, body, now)) return false;
-  ++c.rcv_nxt;
-  ++c.rx_unacked;
-  for (;;) {
-    Conn::RxSlot& slot = c.rx_slots[c.rcv_nxt % window_];
-    if (!slot.present) break;
-    slot.present = false;
-    BitSet(c.sack, c.rcv_nxt, false);
-    const uint8_t* data = c.rx_buf.data() + (c.rcv_nxt % window_) * (max_dgram_ - kDgramHeaderBytes);
-    if (!Deliver(c, slot.flags, slot.msg, slot.msg_offset, std::span<const uint8_t>(data, slot.bytes), now)) {
-      return false;
-    }
-    ++c.rcv_nxt;
-    ++c.rx_unacked;
-  }
+  // In order: straight from the link's buffer to its destination, then whatever it unblocked.
+  do {
+    if (!Deliver(c, p.flags, p.msg, p.msg_offset, p.bytes, now)) return false;
+    c.rx.Consumed();
+  } while (c.rx.NextHeld(&p));
   return true;
 }
 
@@ -784,7 +726,7 @@ bool DatagramTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t 
     return false;
   };
   if ((flags & kPktFirst) != 0) {
-    if (c.rx_in_msg || msg != c.rx_msg_next) return violation(WireError::kUnexpectedFrame, "segment out of order");
+    if (c.rx_in_msg || msg != c.rx.next_message()) return violation(WireError::kUnexpectedFrame, "segment out of order");
     if (bytes.size() < kFrameHeaderBytes) return violation(WireError::kBadLength, "first packet without a header");
     FrameHeader& h = c.rx_header;
     std::memcpy(&h, bytes.data(), sizeof(h));
@@ -809,7 +751,7 @@ bool DatagramTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t 
       c.rx_target.accept = false;
       CountError(WireError::kNoTarget);
     }
-  } else if (!c.rx_in_msg || msg != c.rx_msg_next) {
+  } else if (!c.rx_in_msg || msg != c.rx.next_message()) {
     return violation(WireError::kUnexpectedFrame, "continuation of a segment not started");
   }
   const FrameHeader& h = c.rx_header;
@@ -828,9 +770,7 @@ bool DatagramTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t 
   if (c.rx_got != h.length) return violation(WireError::kBadLength, "segment ended short");
   c.rx_in_msg = false;
   const bool accepted = c.rx_target.accept;
-  BitSet(c.rejected, c.rx_msg_next, !accepted);
-  ++c.rx_msg_next;
-  c.ack_now = true;  // the sender's credit returns on this
+  c.rx.CompleteMessage(accepted);
   c.counters.acks_sent.Add_st(1);
   counters_->total.acks_sent.Add_st(1);
   if (accepted) {
@@ -921,8 +861,7 @@ DatagramTransport::Conn* DatagramTransport::AllocConn() {
     c.sends.resize(n);
     c.send_mask = n - 1;
     c.tx.Init();
-    c.rx_slots.resize(window_);
-    c.rx_buf.resize(static_cast<size_t>(window_) * (max_dgram_ - kDgramHeaderBytes));
+    c.rx.Init(window_, max_dgram_ - kDgramHeaderBytes);
   }
   c.inbound = c.known = false;
   c.job_index = -1;
@@ -937,17 +876,10 @@ DatagramTransport::Conn* DatagramTransport::AllocConn() {
   c.msg_post = c.msg_acked = c.msg_tx = c.msgs_sent = c.tx_off = 0;
   c.tx_started = false;
   c.tx.Reset(SendWindow::Timing{rel_.initial_rto, rel_.min_rto, rel_.max_rto, rel_.rto_burst});
-  c.rcv_nxt = 0;
-  std::fill(std::begin(c.sack), std::end(c.sack), 0);
-  std::fill(std::begin(c.rejected), std::end(c.rejected), 0);
-  c.rx_msg_next = 0;
+  c.rx.Reset();
   c.rx_in_msg = false;
   c.rx_dst = nullptr;
   c.rx_got = 0;
-  for (Conn::RxSlot& s : c.rx_slots) s.present = false;
-  c.rx_unacked = 0;
-  c.ack_now = false;
-  c.ack_due_since = kNever;
   c.counters.Reset_st();
   return &c;
 }

@@ -46,6 +46,7 @@
 #include "transport/datagram/datagram_wire.h"
 #include "transport/datagram/faulty_link.h"
 #include "transport/datagram/ipv4_udp.h"
+#include "transport/datagram/reorder_buffer.h"
 #include "transport/datagram/send_window.h"
 #include "transport/job_table.h"
 #include "transport/transport.h"
@@ -156,8 +157,6 @@ class DatagramTransport final : public Transport, public DatagramSink {
   bool SendNew(Conn& c, TimeNs now);
   bool SendDataPacket(Conn& c, uint64_t seq);
   void SendAck(Conn& c, bool probe);
-  // Writes our receive state into `h`; it then counts as the acknowledgement owed.
-  void FillAckFields(Conn& c, DgramHeader& h);
   // A control datagram (hello/ok/reject/close): DgramHeader + FrameHeader + optional body.
   bool SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
                    const FrameHeader& fh, const void* body, size_t body_bytes);
