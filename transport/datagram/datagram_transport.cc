@@ -3,19 +3,16 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <limits>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 
 namespace gradlane::transport::datagram {
 namespace {
 
 constexpr uint32_t kIndexBits = 16;
 constexpr uint32_t kIndexMask = (1u << kIndexBits) - 1;
-constexpr TimeNs kNever = std::numeric_limits<TimeNs>::max();
+using sched::kNever;
 constexpr size_t kMaxControlBytes = kDgramHeaderBytes + kFrameHeaderBytes + kMaxControlPayloadBytes;
 
 uint32_t RoundUpPow2(uint32_t v) {
@@ -82,14 +79,14 @@ struct DatagramTransport::Conn {
   PendingSend& Send(uint64_t m) { return sends[m & send_mask]; }
 };
 
-DatagramTransport::DatagramTransport(const TransportOptions& options, const DatagramOptions& reliable,
+DatagramTransport::DatagramTransport(const TransportOptions& options, const DatagramOptions& protocol,
                                      DatagramLink* link, TransportHandler* handler)
-    : options_(options), rel_(reliable), link_(link), handler_(handler), counters_(new Counters) {}
+    : options_(options), proto_(protocol), link_(link), handler_(handler), counters_(new Counters) {}
 
 DatagramTransport::~DatagramTransport() = default;
 
 absl::StatusOr<std::unique_ptr<DatagramTransport>> DatagramTransport::Create(
-    const TransportOptions& options, const DatagramOptions& reliable, DatagramLink* link,
+    const TransportOptions& options, const DatagramOptions& protocol, DatagramLink* link,
     TransportHandler* handler) {
   if (link == nullptr || handler == nullptr) return absl::InvalidArgumentError("null link or handler");
   if (options.max_connections == 0 || options.max_connections > kIndexMask) {
@@ -101,24 +98,24 @@ absl::StatusOr<std::unique_ptr<DatagramTransport>> DatagramTransport::Create(
   if (options.max_segment_bytes == 0 || options.max_segment_bytes > 0xFFFFFFFFull) {
     return absl::InvalidArgumentError("max_segment_bytes must be 1..4 GiB-1");
   }
-  if (reliable.window_packets == 0 || reliable.window_packets > kMaxWindow) {
+  if (protocol.window_packets == 0 || protocol.window_packets > kMaxWindow) {
     return absl::InvalidArgumentError(absl::StrCat("window_packets must be 1..", kMaxWindow));
   }
-  if (reliable.min_rto <= 0 || reliable.initial_rto < reliable.min_rto || reliable.max_rto < reliable.initial_rto) {
+  if (protocol.min_rto <= 0 || protocol.initial_rto < protocol.min_rto || protocol.max_rto < protocol.initial_rto) {
     return absl::InvalidArgumentError("need 0 < min_rto <= initial_rto <= max_rto");
   }
-  if (absl::Status s = FaultyLink::Validate(reliable.faults); !s.ok()) return s;
+  if (absl::Status s = FaultyLink::Validate(protocol.faults); !s.ok()) return s;
   uint32_t dg = link->max_datagram_bytes();
-  if (reliable.max_datagram_bytes != 0) dg = std::min(dg, reliable.max_datagram_bytes);
+  if (protocol.max_datagram_bytes != 0) dg = std::min(dg, protocol.max_datagram_bytes);
   if (dg < kMinDatagramBytes) {
     return absl::InvalidArgumentError(absl::StrCat("datagrams of ", dg, " bytes are too small (need ",
                                                    kMinDatagramBytes, ")"));
   }
-  auto t = std::unique_ptr<DatagramTransport>(new DatagramTransport(options, reliable, link, handler));
+  auto t = std::unique_ptr<DatagramTransport>(new DatagramTransport(options, protocol, link, handler));
   t->max_dgram_ = dg;
-  t->window_ = reliable.window_packets;
+  t->window_ = protocol.window_packets;
   t->credit_ = t->window_;
-  t->rel_.ack_every = std::max<uint32_t>(1, reliable.ack_every);
+  t->proto_.ack_every = std::max<uint32_t>(1, protocol.ack_every);
   t->conn_storage_.reset(new Conn[options.max_connections]);
   t->conns_ = std::span<Conn>(t->conn_storage_.get(), options.max_connections);
   t->free_slots_.reserve(options.max_connections);
@@ -126,9 +123,9 @@ absl::StatusOr<std::unique_ptr<DatagramTransport>> DatagramTransport::Create(
   t->active_.reserve(options.max_connections);
   for (uint32_t i = options.max_connections; i-- > 0;) t->free_slots_.push_back(i);
   t->regions_.reserve(options.max_regions);
-  if (reliable.faults.any()) {
+  if (protocol.faults.any()) {
     // Data packets' heads are shorter than the longest control datagram: any may be reordered.
-    t->faulty_ = std::make_unique<FaultyLink>(link, reliable.faults, kMaxControlBytes);
+    t->faulty_ = std::make_unique<FaultyLink>(link, protocol.faults, kMaxControlBytes);
     t->link_ = t->faulty_.get();
   }
   return t;
@@ -298,7 +295,7 @@ void DatagramTransport::Service(Conn& c, TimeNs now) {
   }
   if (!Retransmit(c, now)) return;
   if (!SendNew(c, now)) return;
-  if (c.rx.AckDue(now, rel_.ack_every, rel_.ack_delay)) {
+  if (c.rx.AckDue(now, proto_.ack_every, proto_.ack_delay)) {
     SendAck(c, /*probe=*/false);
   }
 }
@@ -799,7 +796,7 @@ void DatagramTransport::Refuse(Conn& c, WireError code, const absl::Status& why)
 }
 
 void DatagramTransport::UpdateCredit() {
-  const uint32_t budget = rel_.rx_budget_packets;
+  const uint32_t budget = proto_.rx_budget_packets;
   if (budget == 0) {
     credit_ = window_;
     return;
@@ -875,7 +872,7 @@ DatagramTransport::Conn* DatagramTransport::AllocConn() {
   c.last_heard = c.last_progress = c.last_ping = 0;
   c.msg_post = c.msg_acked = c.msg_tx = c.msgs_sent = c.tx_off = 0;
   c.tx_started = false;
-  c.tx.Reset(SendWindow::Timing{rel_.initial_rto, rel_.min_rto, rel_.max_rto, rel_.rto_burst});
+  c.tx.Reset(SendWindow::Timing{proto_.initial_rto, proto_.min_rto, proto_.max_rto, proto_.rto_burst});
   c.rx.Reset();
   c.rx_in_msg = false;
   c.rx_dst = nullptr;

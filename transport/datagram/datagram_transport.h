@@ -1,34 +1,43 @@
-// transport/datagram/datagram_transport.h — gradlane's reliable datagram protocol as pure logic: a
-// complete Transport (transport/transport.h) over any unreliable datagram link.
+// transport/datagram/datagram_transport.h — gradlane's reliable datagram protocol: a complete
+// Transport (transport/transport.h) over any unreliable datagram link.
 //
-// DPDK gives packets, not reliability; this class adds it, and nothing in it knows about DPDK:
-// it sends and receives through a small DatagramLink interface and takes time as an argument,
-// so the unit tests run it over an in-memory lossy pipe on virtual time, and the DPDK backend
-// (dpdk_transport.h) runs the same code over a NIC port. The shape follows eRPC/Machnet:
+// DPDK gives packets, not reliability; this class adds it, and nothing in transport/datagram/
+// knows about DPDK: it sends and receives through a DatagramLink (datagram_link.h) and takes time
+// as an argument, so the unit tests run it over an in-memory lossy pipe on virtual time, and the
+// DPDK backend (transport/dpdk/) runs the same code over a NIC port. The shape follows
+// eRPC/Machnet, one concern per file:
+//   - send_window.h: per connection, the packets in flight, bounded by our window and the
+//     receiver's credit; cumulative + selective acks; RTO from RTT samples (RFC 6298, Karn's
+//     rule, exponential back-off) and fast retransmission of holes;
+//   - reorder_buffer.h: per connection, in-order release, early packets held in `window` slots
+//     (the credit offered never exceeds that, so nobody is overrun), the ack fields piggybacked
+//     on every header, delayed pure acks;
+//   - faulty_link.h: drop / reorder / duplicate on transmit, in front of the link when the
+//     options ask for it, to prove the rest;
+//   - ipv4_udp.h: addresses, and the IPv4/UDP framing the port puts around each datagram;
+//   - datagram_wire.h: the datagram header.
+// This class ties them together:
+//   - the connection table: slots with generation-checked handles, for dialed and accepted peers;
+//   - the handshake of the TCP backend (hello with job, rank, world and token → hello-ok or
+//     reject with the same WireError codes and statuses), keepalive probes so a vanished peer is
+//     noticed after peer_timeout even when idle, a best-effort close with a reason, and
+//     rate-limited answers to datagrams for no connection;
 //   - segmentation: a segment (FrameHeader + payload) becomes packets of the link's largest
 //     datagram (jumbo where the port allows); the first carries the FrameHeader;
-//   - per-connection sliding window over packet sequence numbers, with cumulative + selective
-//     acks piggybacked on every header, and delayed pure acks (every `ack_every` packets, at the
-//     end of a message, on anything out of order, or after `ack_delay`);
-//   - retransmission: RTO from RTT samples (RFC 6298, Karn's rule, exponential back-off), and
-//     fast retransmission of holes the selective ack shows;
-//   - receiver-advertised credits: a sender never has packets beyond ack + credit in flight, and
-//     the receiver's reorder buffer holds exactly `credit` packets, so nobody is overrun;
 //   - in-order delivery: the engine sees ResolveRecv_st/OnRecvDone_st per segment in send order;
 //     in-order packets are copied straight to the destination (or, for a by_piece target, handed
 //     to OnRecvPiece_st in segment order), only out-of-order ones are held;
-//   - the handshake of the TCP backend (hello with job, rank, world and token → hello-ok or
-//     reject with the same WireError codes and statuses), keepalive probes so a vanished peer is
-//     noticed after peer_timeout even when idle, and a best-effort close with a reason;
-//   - fault injection on transmit (drop every Nth / with probability p, reorder, duplicate) to
-//     prove the above: a FaultyLink (faulty_link.h) in front of the link when options ask.
+//   - the credit each connection is offered: the window, or the port's receive budget split
+//     among the inbound connections.
 //
 // Guarantees: those of transport/transport.h. The send source is referenced, not copied, until
 // the segment is acknowledged (retransmissions read it again), so the engine's rule "reuse a
 // buffer after ack/fail" is exactly what this backend needs. No allocation on the data path: send
 // rings, packet rings and the reorder buffer are sized when a connection slot is first used
-// (control path) and kept. Thread rules: `_st` methods and the DatagramSink callback on the
-// owning engine thread; Stats()/PeerStatsOf() from any thread (relaxed atomics).
+// (control path) and kept. The link and the handler are borrowed and must outlive the transport;
+// the fault injector, when there is one, is owned. Thread rules: `_st` methods and the
+// DatagramSink callback on the owning engine thread; Stats()/PeerStatsOf()/DatagramStatsNow()
+// from any thread (relaxed atomics).
 #ifndef GRADLANE_TRANSPORT_DATAGRAM_DATAGRAM_TRANSPORT_H_
 #define GRADLANE_TRANSPORT_DATAGRAM_DATAGRAM_TRANSPORT_H_
 
@@ -97,7 +106,7 @@ class DatagramTransport final : public Transport, public DatagramSink {
  public:
   // Validates options and preallocates. `link` and `handler` must outlive the transport.
   static absl::StatusOr<std::unique_ptr<DatagramTransport>> Create(const TransportOptions& options,
-                                                                   const DatagramOptions& reliable,
+                                                                   const DatagramOptions& protocol,
                                                                    DatagramLink* link,
                                                                    TransportHandler* handler);
   ~DatagramTransport() override;
@@ -134,7 +143,7 @@ class DatagramTransport final : public Transport, public DatagramSink {
  private:
   struct Conn;
 
-  DatagramTransport(const TransportOptions& options, const DatagramOptions& reliable,
+  DatagramTransport(const TransportOptions& options, const DatagramOptions& protocol,
                     DatagramLink* link, TransportHandler* handler);
 
   Conn* Lookup(PeerHandle h);
@@ -177,7 +186,7 @@ class DatagramTransport final : public Transport, public DatagramSink {
   void CountError(WireError e);
 
   const TransportOptions options_;
-  DatagramOptions rel_;
+  DatagramOptions proto_;
   // What sends go through: the link, or the fault injector in front of it.
   DatagramLink* link_;
   std::unique_ptr<FaultyLink> faulty_;
@@ -201,7 +210,6 @@ class DatagramTransport final : public Transport, public DatagramSink {
   struct Counters;
   std::unique_ptr<Counters> counters_;
 };
-
 
 }  // namespace gradlane::transport::datagram
 

@@ -590,8 +590,8 @@ int DpdkPort::Poll_st(DatagramSink* sink, TimeNs now, TimeNs wait) {
 
 DpdkTransport::~DpdkTransport() {
   // One line for the operator (and the loss test): what the protocol had to repair.
-  if (rel_ != nullptr) {
-    const DatagramStats r = rel_->DatagramStatsNow();
+  if (datagram_ != nullptr) {
+    const DatagramStats r = datagram_->DatagramStatsNow();
     std::fprintf(stderr,
                  "gradlaned: dpdk stats: datagrams_sent=%lu datagrams_received=%lu data_packets_sent=%lu "
                  "retransmits=%lu timeouts=%lu duplicates=%lu out_of_order=%lu injected_drops=%lu "
@@ -600,7 +600,7 @@ DpdkTransport::~DpdkTransport() {
                  r.duplicates, r.out_of_order, r.injected_drops, r.injected_reorders, r.injected_duplicates,
                  r.link_full, r.stray, r.replies_suppressed);
   }
-  rel_.reset();  // before the port it sends through
+  datagram_.reset();  // before the port it sends through
   port_.reset();
 }
 
@@ -613,12 +613,12 @@ absl::StatusOr<std::unique_ptr<DpdkTransport>> DpdkTransport::Create(const Trans
   if (!port.ok()) return port.status();
   auto t = std::unique_ptr<DpdkTransport>(new DpdkTransport());
   t->port_ = std::move(*port);
-  DatagramOptions reliable = dpdk.reliable;
+  DatagramOptions protocol = dpdk.reliable;
   // A quarter of the port's room is left for acks, control and others' traffic.
-  if (reliable.rx_budget_packets == 0) reliable.rx_budget_packets = t->port_->rx_capacity_packets() * 3 / 4;
-  auto rel = DatagramTransport::Create(options, reliable, t->port_.get(), handler);
-  if (!rel.ok()) return rel.status();
-  t->rel_ = std::move(*rel);
+  if (protocol.rx_budget_packets == 0) protocol.rx_budget_packets = t->port_->rx_capacity_packets() * 3 / 4;
+  auto datagram = DatagramTransport::Create(options, protocol, t->port_.get(), handler);
+  if (!datagram.ok()) return datagram.status();
+  t->datagram_ = std::move(*datagram);
   return t;
 }
 
