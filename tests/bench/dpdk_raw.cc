@@ -36,6 +36,7 @@ namespace {
 
 using gradlane::sched::TimeNs;
 namespace dp = gradlane::transport::dpdk;
+namespace dg = gradlane::transport::datagram;
 
 TimeNs sched_second() { return gradlane::sched::kSecond; }
 
@@ -47,12 +48,12 @@ TimeNs Now() {
 
 // Receivers measure from half a second after the first datagram, for `window`, so a sender
 // started a little later (another process, another host) is measured at full speed only.
-struct Counter final : dp::DatagramSink {
+struct Counter final : dg::DatagramSink {
   bool counting = true;
   TimeNs window = 0;
   TimeNs from = 0, to = 0;
   uint64_t bytes = 0;
-  void OnDatagram_st(const dp::Ipv4Endpoint&, std::span<const uint8_t> b, TimeNs now) override {
+  void OnDatagram_st(const dg::Ipv4Endpoint&, std::span<const uint8_t> b, TimeNs now) override {
     if (!counting) return;
     if (from == 0) {
       from = now + 500 * gradlane::sched::kMillisecond;
@@ -86,12 +87,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dpdk_raw: %s\n", std::string(port.status().message()).c_str());
     return 1;
   }
-  auto peer_ip = dp::ParseIpv4(absl::GetFlag(FLAGS_peer));
+  auto peer_ip = dg::ParseIpv4(absl::GetFlag(FLAGS_peer));
   if (send && !peer_ip.ok()) {
     std::fprintf(stderr, "dpdk_raw: --peer: %s\n", std::string(peer_ip.status().message()).c_str());
     return 2;
   }
-  const dp::Ipv4Endpoint to{peer_ip.ok() ? *peer_ip : 0, static_cast<uint16_t>(absl::GetFlag(FLAGS_port))};
+  const dg::Ipv4Endpoint to{peer_ip.ok() ? *peer_ip : 0, static_cast<uint16_t>(absl::GetFlag(FLAGS_port))};
   std::fprintf(stderr, "dpdk_raw: %s\n", (*port)->Describe().c_str());
   const uint32_t dgram = (*port)->max_datagram_bytes();
   std::vector<uint8_t> payload(dgram, 0x5A);

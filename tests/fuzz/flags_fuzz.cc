@@ -17,7 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "daemon/config.h"
-#include "transport/dpdk/reliable_transport.h"
+#include "transport/datagram/datagram_transport.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // absl::string_view throughout: this absl's flag and string APIs predate std::string_view.
@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const absl::string_view name = line.substr(0, eq);
     const absl::string_view value = eq == absl::string_view::npos ? absl::string_view() : line.substr(eq + 1);
     (void)gradlane::daemon::ParseHostPort(value);
-    (void)gradlane::transport::dpdk::ParseIpv4Endpoint(std::string_view(value.data(), value.size()));
+    (void)gradlane::transport::datagram::ParseIpv4Endpoint(std::string_view(value.data(), value.size()));
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr) continue;
     std::string error;

@@ -1,6 +1,6 @@
-// Fuzz target: the reliable datagram protocol's receive path (transport/dpdk/reliable_transport.h,
-// reliable_wire.h): every datagram anyone can send to the DPDK port, fed to
-// ReliableTransport::OnDatagram_st, interleaved with timers (Progress_st) and our own sends so
+// Fuzz target: the reliable datagram protocol's receive path (transport/datagram/, the transport
+// and the pieces it is built from): every datagram anyone can send to the DPDK port, fed to
+// DatagramTransport::OnDatagram_st, interleaved with timers (Progress_st) and our own sends so
 // acknowledgement, retransmission, reordering and teardown paths run on hostile input.
 //
 // Input: one mode byte, then records. Mode bits:
@@ -25,12 +25,12 @@
 #include <span>
 #include <vector>
 
-#include "transport/dpdk/reliable_transport.h"
+#include "transport/datagram/datagram_transport.h"
 
 namespace {
 
 using namespace gradlane::transport;        // NOLINT
-using namespace gradlane::transport::dpdk;  // NOLINT
+using namespace gradlane::transport::datagram;  // NOLINT
 
 constexpr Ipv4Endpoint kUs{0x0a000001, 7610};
 constexpr Ipv4Endpoint kPeer{0x0a000002, 7610};
@@ -140,15 +140,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.max_segment_bytes = 1 << 20;
   o.peer_timeout = 50 * gradlane::sched::kMillisecond;
   o.connect_deadline = 200 * gradlane::sched::kMillisecond;
-  ReliableOptions r;
+  DatagramOptions r;
   r.window_packets = 16;
   if (mode & 16) r.rx_budget_packets = 24;
   FuzzLink link;
   FuzzHandler handler;
   handler.pieces = (mode & 8) != 0;
-  auto t = ReliableTransport::Create(o, r, &link, &handler);
+  auto t = DatagramTransport::Create(o, r, &link, &handler);
   if (!t.ok()) std::abort();
-  ReliableTransport& tr = **t;
+  DatagramTransport& tr = **t;
   if (!tr.Listen_st().ok()) std::abort();
   JobCredentials job{kJob, 0, 2, "tok"};
   if (!tr.AddJob_st(job).ok()) std::abort();
@@ -228,7 +228,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)tr.Progress_st(now, 0);
   const TransportStats st = tr.Stats();
   if (std::getenv("RELIABLE_FUZZ_DEBUG") != nullptr) {  // what an input reached, for seed work
-    const ReliableStats rs = tr.ReliableStatsNow();
+    const DatagramStats rs = tr.DatagramStatsNow();
     std::fprintf(stderr, "up %llu down %llu rx frames %llu stray %llu errors:",
                  (unsigned long long)st.peers_up, (unsigned long long)st.peers_down,
                  (unsigned long long)st.total.frames_received, (unsigned long long)rs.stray);

@@ -23,6 +23,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <span>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -30,13 +32,24 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "transport/datagram/ipv4_udp.h"
 
 namespace gradlane::transport::dpdk {
+
+using datagram::DatagramOptions;
+using datagram::DatagramSink;
+using datagram::DatagramStats;
+using datagram::DatagramTransport;
+using datagram::FormatEndpoint;
+using datagram::Ipv4Endpoint;
+using datagram::kMinDatagramBytes;
+using datagram::ParseIpv4;
+
 namespace {
 
 constexpr uint16_t kDefaultUdpPort = 7610;
-constexpr size_t kHdrBytes = sizeof(rte_ether_hdr) + sizeof(rte_ipv4_hdr) + sizeof(rte_udp_hdr);
-static_assert(kHdrBytes == 42);
+constexpr size_t kHdrBytes = datagram::kUdpFrameHeaderBytes;
+static_assert(kHdrBytes == sizeof(rte_ether_hdr) + sizeof(rte_ipv4_hdr) + sizeof(rte_udp_hdr));
 constexpr int kBurst = 32;
 // Bodies below this are copied even in zero-copy mode: an extra mbuf costs more than the copy.
 constexpr size_t kZeroCopyMinBytes = 512;
@@ -509,28 +522,9 @@ bool DpdkPort::Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head, st
       return false;
     }
   }
-  auto* eth = reinterpret_cast<rte_ether_hdr*>(frame);
-  eth->dst_addr = n->mac;
-  eth->src_addr = p.mac;
-  eth->ether_type = rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4);
-  auto* ip = reinterpret_cast<rte_ipv4_hdr*>(eth + 1);
-  ip->version_ihl = RTE_IPV4_VHL_DEF;
-  ip->type_of_service = 0;
-  ip->total_length = rte_cpu_to_be_16(static_cast<uint16_t>(sizeof(rte_ipv4_hdr) + sizeof(rte_udp_hdr) + dgram));
-  ip->packet_id = rte_cpu_to_be_16(p.ip_id++);
-  ip->fragment_offset = rte_cpu_to_be_16(RTE_IPV4_HDR_DF_FLAG);
-  ip->time_to_live = 64;
-  ip->next_proto_id = IPPROTO_UDP;
-  ip->hdr_checksum = 0;
-  ip->src_addr = rte_cpu_to_be_32(p.self.ip);
-  ip->dst_addr = rte_cpu_to_be_32(to.ip);
-  ip->hdr_checksum = rte_ipv4_cksum(ip);
-  auto* udp = reinterpret_cast<rte_udp_hdr*>(ip + 1);
-  udp->src_port = rte_cpu_to_be_16(p.self.port);
-  udp->dst_port = rte_cpu_to_be_16(to.port);
-  udp->dgram_len = rte_cpu_to_be_16(static_cast<uint16_t>(sizeof(rte_udp_hdr) + dgram));
-  udp->dgram_cksum = 0;  // optional in IPv4; the Ethernet FCS covers the link
-  uint8_t* out = reinterpret_cast<uint8_t*>(udp + 1);
+  datagram::WriteUdpFrameHeader(std::span<uint8_t, datagram::kUdpFrameHeaderBytes>(frame, kHdrBytes),
+                                n->mac.addr_bytes, p.mac.addr_bytes, p.self, to, p.ip_id++, dgram);
+  uint8_t* out = frame + kHdrBytes;
   std::memcpy(out, head.data(), head.size());
   if (!zc && !body.empty()) std::memcpy(out + head.size(), body.data(), body.size());
   p.Queue(m);
@@ -558,37 +552,25 @@ int DpdkPort::Poll_st(DatagramSink* sink, TimeNs now, TimeNs wait) {
         rte_pktmbuf_free(m);
         continue;
       }
-      const auto* eth = rte_pktmbuf_mtod(m, const rte_ether_hdr*);
-      const uint16_t type = rte_be_to_cpu_16(eth->ether_type);
-      if (type == RTE_ETHER_TYPE_ARP) {
+      const std::span<const uint8_t> bytes(rte_pktmbuf_mtod(m, const uint8_t*), len);
+      if (datagram::EtherTypeOf(bytes) == datagram::kEtherTypeArp) {
         p.OnArp(m, now);
         rte_pktmbuf_free(m);
         continue;
       }
       // Only well-formed IPv4/UDP to our address and port, unfragmented, without options.
-      if (type != RTE_ETHER_TYPE_IPV4 || len < kHdrBytes) {
+      const std::optional<datagram::UdpFrame> f = datagram::ParseUdpFrame(bytes, p.self);
+      if (!f) {
         rte_pktmbuf_free(m);
         continue;
       }
-      const auto* ip = reinterpret_cast<const rte_ipv4_hdr*>(eth + 1);
-      const auto* udp = reinterpret_cast<const rte_udp_hdr*>(ip + 1);
-      const uint32_t ip_len = rte_be_to_cpu_16(ip->total_length);
-      const uint32_t udp_len = rte_be_to_cpu_16(udp->dgram_len);
-      if (ip->version_ihl != RTE_IPV4_VHL_DEF || ip->next_proto_id != IPPROTO_UDP ||
-          rte_be_to_cpu_32(ip->dst_addr) != p.self.ip || rte_be_to_cpu_16(udp->dst_port) != p.self.port ||
-          (rte_be_to_cpu_16(ip->fragment_offset) & (RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK)) != 0 ||
-          ip_len + sizeof(rte_ether_hdr) > len || udp_len < sizeof(rte_udp_hdr) ||
-          udp_len + sizeof(rte_ipv4_hdr) != ip_len) {
-        rte_pktmbuf_free(m);
-        continue;
+      Impl::Neighbour* nb = p.Find(f->from.ip);
+      if (nb == nullptr || !nb->known) {
+        rte_ether_addr src;
+        std::memcpy(src.addr_bytes, f->src_mac.data(), sizeof(src.addr_bytes));
+        p.Learn(f->from.ip, src);
       }
-      const Ipv4Endpoint from{rte_be_to_cpu_32(ip->src_addr), rte_be_to_cpu_16(udp->src_port)};
-      Impl::Neighbour* nb = p.Find(from.ip);
-      if (nb == nullptr || !nb->known) p.Learn(from.ip, eth->src_addr);
-      sink->OnDatagram_st(from,
-                          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(udp + 1),
-                                                   udp_len - sizeof(rte_udp_hdr)),
-                          now);
+      sink->OnDatagram_st(f->from, f->datagram, now);
       rte_pktmbuf_free(m);
       ++delivered;
     }
@@ -608,8 +590,8 @@ int DpdkPort::Poll_st(DatagramSink* sink, TimeNs now, TimeNs wait) {
 
 DpdkTransport::~DpdkTransport() {
   // One line for the operator (and the loss test): what the protocol had to repair.
-  if (rel_ != nullptr) {
-    const ReliableStats r = rel_->ReliableStatsNow();
+  if (datagram_ != nullptr) {
+    const DatagramStats r = datagram_->DatagramStatsNow();
     std::fprintf(stderr,
                  "gradlaned: dpdk stats: datagrams_sent=%lu datagrams_received=%lu data_packets_sent=%lu "
                  "retransmits=%lu timeouts=%lu duplicates=%lu out_of_order=%lu injected_drops=%lu "
@@ -618,7 +600,7 @@ DpdkTransport::~DpdkTransport() {
                  r.duplicates, r.out_of_order, r.injected_drops, r.injected_reorders, r.injected_duplicates,
                  r.link_full, r.stray, r.replies_suppressed);
   }
-  rel_.reset();  // before the port it sends through
+  datagram_.reset();  // before the port it sends through
   port_.reset();
 }
 
@@ -631,12 +613,12 @@ absl::StatusOr<std::unique_ptr<DpdkTransport>> DpdkTransport::Create(const Trans
   if (!port.ok()) return port.status();
   auto t = std::unique_ptr<DpdkTransport>(new DpdkTransport());
   t->port_ = std::move(*port);
-  ReliableOptions reliable = dpdk.reliable;
+  DatagramOptions protocol = dpdk.reliable;
   // A quarter of the port's room is left for acks, control and others' traffic.
-  if (reliable.rx_budget_packets == 0) reliable.rx_budget_packets = t->port_->rx_capacity_packets() * 3 / 4;
-  auto rel = ReliableTransport::Create(options, reliable, t->port_.get(), handler);
-  if (!rel.ok()) return rel.status();
-  t->rel_ = std::move(*rel);
+  if (protocol.rx_budget_packets == 0) protocol.rx_budget_packets = t->port_->rx_capacity_packets() * 3 / 4;
+  auto datagram = DatagramTransport::Create(options, protocol, t->port_.get(), handler);
+  if (!datagram.ok()) return datagram.status();
+  t->datagram_ = std::move(*datagram);
   return t;
 }
 

@@ -1,11 +1,11 @@
 // transport/dpdk/dpdk_transport.h — the kernel-bypass backend: gradlane's reliable datagram
-// protocol (reliable_transport.h) over a DPDK Ethernet port.
+// protocol (transport/datagram/datagram_transport.h) over a DPDK Ethernet port.
 //
 // What this layer adds to the protocol logic: EAL start-up from the daemon's configuration (a
 // port's PCI address or a virtual device, the lcore, hugepages or --no-huge, a unique file prefix
 // or --in-memory; or a verbatim EAL argument string), one port with one RX and one TX queue,
-// mempools sized for the window, Ethernet + IPv4/UDP framing (a real UDP flow, so it routes and
-// RSS hashes like any other), peer MAC resolution by ARP (we answer for our address and ask for
+// mempools sized for the window, Ethernet + IPv4/UDP framing (transport/datagram/ipv4_udp.h
+// builds and checks the headers), peer MAC resolution by ARP (we answer for our address and ask for
 // peers', learn senders' MACs, or take static entries), TX and RX bursts, zero-copy transmission
 // from the registered arena through external mbufs where the PMD takes chained mbufs (a copy into
 // one mbuf otherwise), and an idle back-off: with nothing arriving, Progress_st(now, wait_ms)
@@ -30,10 +30,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "transport/dpdk/reliable_transport.h"
+#include "transport/datagram/datagram_transport.h"
 #include "transport/transport.h"
 
 namespace gradlane::transport::dpdk {
+
+// The daemon's flag checks name the protocol's window bound as the DPDK backend's.
+using datagram::kMaxWindow;
 
 struct DpdkOptions {
   // Verbatim EAL arguments (space-separated); when set, the discrete fields below are ignored.
@@ -57,7 +60,9 @@ struct DpdkOptions {
   std::string static_arp;
   // "auto" (zero-copy where the PMD takes chained mbufs and reads virtual addresses), "on", "off".
   std::string zero_copy = "auto";
-  ReliableOptions reliable;
+  // The protocol's options (window, receive budget, faults). The name predates the move of the
+  // protocol to transport/datagram/; daemon/config.cc fills it.
+  datagram::DatagramOptions reliable;
 };
 
 // "ip=mac,..." is well formed; InvalidArgument naming the bad entry. (Defined only in DPDK builds.)
@@ -66,7 +71,7 @@ absl::Status ParseStaticArp(std::string_view spec);
 // One DPDK port as a DatagramLink: EAL, mempools, framing, ARP, bursts, idle back-off. Also
 // used directly by the raw-rate benchmark (tests/bench/dpdk_raw.cc), so the daemon and the
 // baseline share every byte of framing. The implementation's DPDK types stay in the .cc.
-class DpdkPort final : public DatagramLink {
+class DpdkPort final : public datagram::DatagramLink {
  public:
   // Starts the EAL and the port. `udp_port` 0 means 7610; `default_ip` is used when dpdk.ip is
   // empty. Pools are sized for `window` packets on each of `connections` connections.
@@ -75,10 +80,10 @@ class DpdkPort final : public DatagramLink {
   ~DpdkPort() override;
 
   uint32_t max_datagram_bytes() const override;
-  Ipv4Endpoint local_endpoint() const override;
-  bool Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head, std::span<const uint8_t> body) override;
+  datagram::Ipv4Endpoint local_endpoint() const override;
+  bool Send_st(const datagram::Ipv4Endpoint& to, std::span<const uint8_t> head, std::span<const uint8_t> body) override;
   void Flush_st() override;
-  int Poll_st(DatagramSink* sink, TimeNs now, TimeNs wait) override;
+  int Poll_st(datagram::DatagramSink* sink, TimeNs now, TimeNs wait) override;
   uint32_t rx_capacity_packets() const override;
   std::string Describe() const;
 
@@ -103,29 +108,33 @@ class DpdkTransport final : public Transport {
   // The port is polled, so there is nothing to sleep on.
   TransportCapabilities capabilities() const override { return {true, -1}; }
   std::string_view backend_name() const override { return "dpdk"; }
-  absl::StatusOr<uint16_t> Listen_st() override { return rel_->Listen_st(); }
-  absl::Status AddJob_st(const JobCredentials& job) override { return rel_->AddJob_st(job); }
-  absl::Status RemoveJob_st(uint64_t job_id) override { return rel_->RemoveJob_st(job_id); }
+  absl::StatusOr<uint16_t> Listen_st() override { return datagram_->Listen_st(); }
+  absl::Status AddJob_st(const JobCredentials& job) override { return datagram_->AddJob_st(job); }
+  absl::Status RemoveJob_st(uint64_t job_id) override { return datagram_->RemoveJob_st(job_id); }
   absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job, std::string_view address, TimeNs now) override {
-    return rel_->Connect_st(job, address, now);
+    return datagram_->Connect_st(job, address, now);
   }
-  void Disconnect_st(PeerHandle peer, TimeNs now) override { rel_->Disconnect_st(peer, now); }
-  absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes) override { return rel_->RegisterRegion_st(base, bytes); }
-  absl::Status UnregisterRegion_st(RegionId region) override { return rel_->UnregisterRegion_st(region); }
-  absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec) override { return rel_->PostSend_st(peer, spec); }
-  int Progress_st(TimeNs now, int wait_ms) override { return rel_->Progress_st(now, wait_ms); }
+  void Disconnect_st(PeerHandle peer, TimeNs now) override { datagram_->Disconnect_st(peer, now); }
+  absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes) override {
+    return datagram_->RegisterRegion_st(base, bytes);
+  }
+  absl::Status UnregisterRegion_st(RegionId region) override { return datagram_->UnregisterRegion_st(region); }
+  absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec) override {
+    return datagram_->PostSend_st(peer, spec);
+  }
+  int Progress_st(TimeNs now, int wait_ms) override { return datagram_->Progress_st(now, wait_ms); }
 
-  uint16_t listen_port() const { return rel_->listen_port(); }
-  TransportStats Stats() const override { return rel_->Stats(); }
-  PeerStats PeerStatsOf(PeerHandle peer) const override { return rel_->PeerStatsOf(peer); }
-  ReliableStats ReliableStatsNow() const { return rel_->ReliableStatsNow(); }
+  uint16_t listen_port() const { return datagram_->listen_port(); }
+  TransportStats Stats() const override { return datagram_->Stats(); }
+  PeerStats PeerStatsOf(PeerHandle peer) const override { return datagram_->PeerStatsOf(peer); }
+  datagram::DatagramStats DatagramStatsNow() const { return datagram_->DatagramStatsNow(); }
   // One line for the log: port, driver, MAC, IP, MTU, zero-copy or not.
   std::string Describe() const;
 
  private:
   DpdkTransport() = default;
   std::unique_ptr<DpdkPort> port_;
-  std::unique_ptr<ReliableTransport> rel_;
+  std::unique_ptr<datagram::DatagramTransport> datagram_;
 };
 
 

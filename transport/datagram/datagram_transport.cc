@@ -1,23 +1,18 @@
-#include "transport/dpdk/reliable_transport.h"
+#include "transport/datagram/datagram_transport.h"
 
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <limits>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 
-namespace gradlane::transport::dpdk {
+namespace gradlane::transport::datagram {
 namespace {
 
 constexpr uint32_t kIndexBits = 16;
 constexpr uint32_t kIndexMask = (1u << kIndexBits) - 1;
-constexpr TimeNs kNever = std::numeric_limits<TimeNs>::max();
-// A hole is retransmitted early once this many later packets were selectively acknowledged.
-constexpr uint64_t kDupThresh = 3;
+using sched::kNever;
 constexpr size_t kMaxControlBytes = kDgramHeaderBytes + kFrameHeaderBytes + kMaxControlPayloadBytes;
 
 uint32_t RoundUpPow2(uint32_t v) {
@@ -28,73 +23,20 @@ uint32_t RoundUpPow2(uint32_t v) {
 
 }  // namespace
 
-// ---- addresses --------------------------------------------------------------------------------
-
-absl::StatusOr<uint32_t> ParseIpv4(std::string_view host_sv) {
-  const absl::string_view host(host_sv.data(), host_sv.size());
-  std::vector<absl::string_view> parts = absl::StrSplit(host, '.');
-  if (parts.size() != 4) return absl::InvalidArgumentError(absl::StrCat("'", host, "' is not an IPv4 address"));
-  uint32_t ip = 0;
-  for (absl::string_view p : parts) {
-    uint32_t v = 0;
-    if (p.empty() || p.size() > 3 || !absl::SimpleAtoi(p, &v) || v > 255) {
-      return absl::InvalidArgumentError(absl::StrCat("'", host, "' is not an IPv4 address"));
-    }
-    ip = ip << 8 | v;
-  }
-  return ip;
-}
-
-absl::StatusOr<Ipv4Endpoint> ParseIpv4Endpoint(std::string_view s_sv) {
-  const absl::string_view s(s_sv.data(), s_sv.size());
-  const size_t colon = s.rfind(':');
-  if (colon == absl::string_view::npos) return absl::InvalidArgumentError(absl::StrCat("'", s, "' is not IPv4:PORT"));
-  auto ip = ParseIpv4(std::string_view(s.data(), colon));
-  if (!ip.ok()) return ip.status();
-  uint32_t port = 0;
-  if (!absl::SimpleAtoi(s.substr(colon + 1), &port) || port == 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("'", s, "' has no valid port (1..65535)"));
-  }
-  return Ipv4Endpoint{*ip, static_cast<uint16_t>(port)};
-}
-
-std::string FormatIpv4(uint32_t ip) {
-  return absl::StrFormat("%d.%d.%d.%d", ip >> 24, (ip >> 16) & 255, (ip >> 8) & 255, ip & 255);
-}
-
-std::string FormatEndpoint(const Ipv4Endpoint& e) { return absl::StrCat(FormatIpv4(e.ip), ":", e.port); }
-
 // ---- state ------------------------------------------------------------------------------------
 
-struct ReliableTransport::Counters : TransportCounters {
+struct DatagramTransport::Counters : TransportCounters {
   StatCounter datagrams_sent, datagrams_received, data_packets_sent, retransmits, timeouts,
-      duplicates, out_of_order, beyond_credit, pure_acks_sent, stray, replies_suppressed,
-      injected_drops, injected_reorders, injected_duplicates, link_full;
+      duplicates, out_of_order, beyond_credit, pure_acks_sent, stray, replies_suppressed, link_full;
 };
 
 enum class ConnState : uint8_t { kFree, kHelloSent, kEstablished, kDead };
 
-struct ReliableTransport::Conn {
+struct DatagramTransport::Conn {
   struct PendingSend {
     FrameHeader header;
     const uint8_t* payload = nullptr;
     uint64_t cookie = 0;
-  };
-  struct TxPkt {
-    uint64_t msg = 0;
-    uint32_t offset = 0;
-    uint32_t len = 0;
-    uint16_t flags = 0;
-    uint16_t sends = 0;
-    bool sacked = false;
-    TimeNs sent_at = 0;
-  };
-  struct RxSlot {
-    bool present = false;
-    uint16_t flags = 0;
-    uint32_t msg_offset = 0;
-    uint32_t bytes = 0;
-    uint64_t msg = 0;
   };
 
   std::atomic<uint32_t> generation{1};
@@ -122,44 +64,29 @@ struct ReliableTransport::Conn {
   uint64_t tx_off = 0;
   bool tx_started = false;
   // send side: packets
-  std::vector<TxPkt> pkts;
-  uint64_t pkt_mask = 0;
-  uint64_t snd_una = 0, snd_nxt = 0, peer_limit = 0, highest_sacked = 0;
-  bool sack_holes = false;
-  TimeNs srtt = 0, rttvar = 0, rto = 0;
-  bool have_rtt = false;
-  TimeNs acked_at = 0;  // when snd_una last moved: the retransmission timer restarts there
-  TimeNs timer_at = kNever;
-  // receive side
-  uint64_t rcv_nxt = 0;
-  uint64_t sack[4] = {0, 0, 0, 0};
-  uint64_t rejected[4] = {0, 0, 0, 0};
-  uint64_t rx_msg_next = 0;  // messages below this are placed or rejected
+  SendWindow tx;
+  // receive side: packets
+  ReorderBuffer rx;
+  // receive side: the segment being placed (message rx.next_message())
   bool rx_in_msg = false;
   FrameHeader rx_header{};
   RecvTarget rx_target;
   uint8_t* rx_dst = nullptr;
   uint64_t rx_got = 0;
-  std::vector<RxSlot> rx_slots;
-  std::vector<uint8_t> rx_buf;  // window × max datagram payload: out-of-order packets
-  uint32_t rx_unacked = 0;
-  bool ack_now = false;
-  TimeNs ack_due_since = kNever;
   PeerCounters counters;
 
   bool HasPending() const { return msg_acked != msg_post; }
   PendingSend& Send(uint64_t m) { return sends[m & send_mask]; }
-  TxPkt& Pkt(uint64_t s) { return pkts[s & pkt_mask]; }
 };
 
-ReliableTransport::ReliableTransport(const TransportOptions& options, const ReliableOptions& reliable,
+DatagramTransport::DatagramTransport(const TransportOptions& options, const DatagramOptions& protocol,
                                      DatagramLink* link, TransportHandler* handler)
-    : options_(options), rel_(reliable), link_(link), handler_(handler), counters_(new Counters) {}
+    : options_(options), proto_(protocol), link_(link), handler_(handler), counters_(new Counters) {}
 
-ReliableTransport::~ReliableTransport() = default;
+DatagramTransport::~DatagramTransport() = default;
 
-absl::StatusOr<std::unique_ptr<ReliableTransport>> ReliableTransport::Create(
-    const TransportOptions& options, const ReliableOptions& reliable, DatagramLink* link,
+absl::StatusOr<std::unique_ptr<DatagramTransport>> DatagramTransport::Create(
+    const TransportOptions& options, const DatagramOptions& protocol, DatagramLink* link,
     TransportHandler* handler) {
   if (link == nullptr || handler == nullptr) return absl::InvalidArgumentError("null link or handler");
   if (options.max_connections == 0 || options.max_connections > kIndexMask) {
@@ -171,29 +98,24 @@ absl::StatusOr<std::unique_ptr<ReliableTransport>> ReliableTransport::Create(
   if (options.max_segment_bytes == 0 || options.max_segment_bytes > 0xFFFFFFFFull) {
     return absl::InvalidArgumentError("max_segment_bytes must be 1..4 GiB-1");
   }
-  if (reliable.window_packets == 0 || reliable.window_packets > kMaxWindow) {
+  if (protocol.window_packets == 0 || protocol.window_packets > kMaxWindow) {
     return absl::InvalidArgumentError(absl::StrCat("window_packets must be 1..", kMaxWindow));
   }
-  if (reliable.min_rto <= 0 || reliable.initial_rto < reliable.min_rto || reliable.max_rto < reliable.initial_rto) {
+  if (protocol.min_rto <= 0 || protocol.initial_rto < protocol.min_rto || protocol.max_rto < protocol.initial_rto) {
     return absl::InvalidArgumentError("need 0 < min_rto <= initial_rto <= max_rto");
   }
-  const FaultOptions& f = reliable.faults;
-  for (double p : {f.drop_probability, f.reorder_probability, f.duplicate_probability}) {
-    if (!(p >= 0 && p < 1)) return absl::InvalidArgumentError("fault probabilities must be in [0, 1)");
-  }
-  if (f.drop_every == 1) return absl::InvalidArgumentError("drop_every=1 would drop everything");
+  if (absl::Status s = FaultyLink::Validate(protocol.faults); !s.ok()) return s;
   uint32_t dg = link->max_datagram_bytes();
-  if (reliable.max_datagram_bytes != 0) dg = std::min(dg, reliable.max_datagram_bytes);
+  if (protocol.max_datagram_bytes != 0) dg = std::min(dg, protocol.max_datagram_bytes);
   if (dg < kMinDatagramBytes) {
     return absl::InvalidArgumentError(absl::StrCat("datagrams of ", dg, " bytes are too small (need ",
                                                    kMinDatagramBytes, ")"));
   }
-  auto t = std::unique_ptr<ReliableTransport>(new ReliableTransport(options, reliable, link, handler));
+  auto t = std::unique_ptr<DatagramTransport>(new DatagramTransport(options, protocol, link, handler));
   t->max_dgram_ = dg;
-  t->window_ = reliable.window_packets;
+  t->window_ = protocol.window_packets;
   t->credit_ = t->window_;
-  t->rel_.ack_every = std::max<uint32_t>(1, reliable.ack_every);
-  t->rng_ = f.seed * 0x9E3779B97F4A7C15ull + 1;
+  t->proto_.ack_every = std::max<uint32_t>(1, protocol.ack_every);
   t->conn_storage_.reset(new Conn[options.max_connections]);
   t->conns_ = std::span<Conn>(t->conn_storage_.get(), options.max_connections);
   t->free_slots_.reserve(options.max_connections);
@@ -201,21 +123,25 @@ absl::StatusOr<std::unique_ptr<ReliableTransport>> ReliableTransport::Create(
   t->active_.reserve(options.max_connections);
   for (uint32_t i = options.max_connections; i-- > 0;) t->free_slots_.push_back(i);
   t->regions_.reserve(options.max_regions);
-  t->held_head_.resize(kMaxControlBytes);
+  if (protocol.faults.any()) {
+    // Data packets' heads are shorter than the longest control datagram: any may be reordered.
+    t->faulty_ = std::make_unique<FaultyLink>(link, protocol.faults, kMaxControlBytes);
+    t->link_ = t->faulty_.get();
+  }
   return t;
 }
 
 // ---- control ops ------------------------------------------------------------------------------
 
-absl::StatusOr<uint16_t> ReliableTransport::Listen_st() {
+absl::StatusOr<uint16_t> DatagramTransport::Listen_st() {
   if (listening_) return absl::FailedPreconditionError("already listening");
   listening_ = true;
   return link_->local_endpoint().port;
 }
 
-absl::Status ReliableTransport::AddJob_st(const JobCredentials& job) { return jobs_.Add(job); }
+absl::Status DatagramTransport::AddJob_st(const JobCredentials& job) { return jobs_.Add(job); }
 
-absl::Status ReliableTransport::RemoveJob_st(uint64_t job_id) {
+absl::Status DatagramTransport::RemoveJob_st(uint64_t job_id) {
   const int j = jobs_.Find(job_id);
   if (j < 0) return absl::NotFoundError(absl::StrCat("job ", job_id, " is not registered"));
   for (uint32_t idx : std::vector<uint32_t>(active_)) {
@@ -232,7 +158,7 @@ absl::Status ReliableTransport::RemoveJob_st(uint64_t job_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<PeerHandle> ReliableTransport::Connect_st(const JobCredentials& job, std::string_view address,
+absl::StatusOr<PeerHandle> DatagramTransport::Connect_st(const JobCredentials& job, std::string_view address,
                                                          TimeNs now) {
   const int j = jobs_.Find(job.job_id);
   if (j < 0) return absl::FailedPreconditionError(absl::StrCat("job ", job.job_id, " not added"));
@@ -252,7 +178,7 @@ absl::StatusOr<PeerHandle> ReliableTransport::Connect_st(const JobCredentials& j
   return HandleOf(*c);
 }
 
-void ReliableTransport::Disconnect_st(PeerHandle peer, TimeNs) {
+void DatagramTransport::Disconnect_st(PeerHandle peer, TimeNs) {
   Conn* c = Lookup(peer);
   if (c == nullptr || c->state == ConnState::kDead) return;
   if (c->state == ConnState::kEstablished) {
@@ -264,7 +190,7 @@ void ReliableTransport::Disconnect_st(PeerHandle peer, TimeNs) {
   Teardown(*c, absl::CancelledError("disconnected"));
 }
 
-absl::StatusOr<RegionId> ReliableTransport::RegisterRegion_st(void* base, uint64_t bytes) {
+absl::StatusOr<RegionId> DatagramTransport::RegisterRegion_st(void* base, uint64_t bytes) {
   if (base == nullptr && bytes != 0) return absl::InvalidArgumentError("null region");
   for (size_t i = 0; i < regions_.size(); ++i) {
     if (!regions_[i].used) {
@@ -277,13 +203,13 @@ absl::StatusOr<RegionId> ReliableTransport::RegisterRegion_st(void* base, uint64
   return static_cast<RegionId>(regions_.size() - 1);
 }
 
-absl::Status ReliableTransport::UnregisterRegion_st(RegionId region) {
+absl::Status DatagramTransport::UnregisterRegion_st(RegionId region) {
   if (region >= regions_.size() || !regions_[region].used) return absl::NotFoundError("no such region");
   regions_[region] = RegisteredRegion{};
   return absl::OkStatus();
 }
 
-absl::Status ReliableTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
+absl::Status DatagramTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
   Conn* c = Lookup(peer);
   if (c == nullptr || c->state == ConnState::kDead) return absl::NotFoundError("peer is not connected");
   auto payload = ResolveSendPayload(regions_, spec, options_.max_segment_bytes);
@@ -304,15 +230,15 @@ absl::Status ReliableTransport::PostSend_st(PeerHandle peer, const SendSpec& spe
 
 // ---- progress ---------------------------------------------------------------------------------
 
-int ReliableTransport::Progress_st(TimeNs now, int wait_ms) {
+int DatagramTransport::Progress_st(TimeNs now, int wait_ms) {
   int work = link_->Poll_st(this, now, 0);
   for (size_t i = 0; i < active_.size(); ++i) {
     Conn& c = conns_[active_[i]];
-    const uint64_t before = c.snd_nxt + c.msg_acked + c.rcv_nxt;
+    const uint64_t before = c.tx.next() + c.msg_acked + c.rx.next();
     Service(c, now);
-    if (c.snd_nxt + c.msg_acked + c.rcv_nxt != before) ++work;
+    if (c.tx.next() + c.msg_acked + c.rx.next() != before) ++work;
   }
-  FlushHeld();
+  if (faulty_ != nullptr) faulty_->ReleaseHeld_st();
   link_->Flush_st();
   ReleaseDeadSlots();
   if (work == 0 && wait_ms > 0) {
@@ -320,15 +246,15 @@ int ReliableTransport::Progress_st(TimeNs now, int wait_ms) {
     for (uint32_t idx : active_) {
       const Conn& c = conns_[idx];
       if (c.state == ConnState::kHelloSent) wait = std::min(wait, std::max<TimeNs>(0, c.retry_at - now));
-      if (c.timer_at != kNever) wait = std::min(wait, std::max<TimeNs>(0, c.timer_at - now));
-      if (c.ack_due_since != kNever) wait = 0;
+      if (c.tx.timer_at() != kNever) wait = std::min(wait, std::max<TimeNs>(0, c.tx.timer_at() - now));
+      if (c.rx.AckPending()) wait = 0;
     }
     if (wait > 0) work += link_->Poll_st(this, now, wait);
   }
   return work;
 }
 
-void ReliableTransport::Service(Conn& c, TimeNs now) {
+void DatagramTransport::Service(Conn& c, TimeNs now) {
   if (c.state == ConnState::kHelloSent) {
     if (now < c.retry_at) return;
     if (now >= c.give_up_at) {
@@ -369,13 +295,12 @@ void ReliableTransport::Service(Conn& c, TimeNs now) {
   }
   if (!Retransmit(c, now)) return;
   if (!SendNew(c, now)) return;
-  if (c.ack_now || (c.ack_due_since != kNever &&
-                    (c.rx_unacked >= rel_.ack_every || now - c.ack_due_since >= rel_.ack_delay))) {
+  if (c.rx.AckDue(now, proto_.ack_every, proto_.ack_delay)) {
     SendAck(c, /*probe=*/false);
   }
 }
 
-void ReliableTransport::SendHello(Conn& c) {
+void DatagramTransport::SendHello(Conn& c) {
   const JobCredentials& job = jobs_[c.job_index].creds;
   FrameHeader fh = MakeHeader(FrameType::kHello, job.job_id, job.local_rank);
   fh.payload_bytes = kHelloBodyBytes;
@@ -388,57 +313,21 @@ void ReliableTransport::SendHello(Conn& c) {
   SendControl(c.addr, 0, &c, DgramType::kHello, fh, &b, sizeof(b));
 }
 
-bool ReliableTransport::Retransmit(Conn& c, TimeNs now) {
-  if (c.snd_una == c.snd_nxt) {
-    c.timer_at = kNever;
-    c.sack_holes = false;
-    return true;
-  }
-  if (now < c.timer_at && !c.sack_holes) return true;
-  const TimeNs fast_gap = c.have_rtt ? c.srtt : c.rto;
-  TimeNs next = kNever;
-  bool fired = false;
-  uint32_t expired_sent = 0;
-  for (uint64_t s = c.snd_una; s != c.snd_nxt; ++s) {
-    Conn::TxPkt& p = c.Pkt(s);
-    if (p.sacked) continue;
-    // A packet is presumed lost once a whole RTO has passed since it was sent *and* since the
-    // cumulative ack last moved (RFC 6298 5.3 restarts the timer on every ack of new data).
-    // Timed from its send alone, a packet queued behind a window's worth of others in a slow
-    // link's queue (a 2.3 MB window is 18 ms at 1 Gbit/s) would time out while acks still
-    // flow — spurious retransmissions by the thousand, measured at 1 Gbit/s under tbf.
-    const TimeNs since = std::max(p.sent_at, c.acked_at);
-    const bool due = now - since >= c.rto;
-    const bool expired = due && expired_sent < rel_.rto_burst;
-    const bool fast = c.sack_holes && s + kDupThresh <= c.highest_sacked && now - p.sent_at >= fast_gap;
-    if (expired && !fast) ++expired_sent;
-    if (expired || fast) {
-      if (!SendDataPacket(c, s)) {
-        next = now;  // link full: try again next step
-        break;
-      }
-      if (c.state != ConnState::kEstablished) return false;
-      p.sent_at = now;
-      ++p.sends;
-      counters_->retransmits.Add_st(1);
-      fired |= expired;
-    }
-    // Due but past this timeout's burst: it waits a whole (backed-off) timeout for the acks.
-    next = std::min(next, due && !expired && p.sent_at != now ? now + c.rto : std::max(p.sent_at, c.acked_at) + c.rto);
-  }
-  if (fired) {
-    counters_->timeouts.Add_st(1);
-    c.rto = std::min(c.rto * 2, rel_.max_rto);  // back off (RFC 6298 5.5)
-  }
-  c.sack_holes = false;
-  c.timer_at = next;
+bool DatagramTransport::Retransmit(Conn& c, TimeNs now) {
+  const SendWindow::RetransmitResult r = c.tx.Retransmit(now, [&](uint64_t seq) {
+    if (!SendDataPacket(c, seq)) return SendWindow::Resend::kLinkFull;
+    return c.state == ConnState::kEstablished ? SendWindow::Resend::kSent : SendWindow::Resend::kGone;
+  });
+  counters_->retransmits.Add_st(r.resent);
+  if (r.gone) return false;
+  if (r.timed_out) counters_->timeouts.Add_st(1);
   return true;
 }
 
-bool ReliableTransport::SendNew(Conn& c, TimeNs now) {
+bool DatagramTransport::SendNew(Conn& c, TimeNs now) {
   const uint32_t first_cap = max_dgram_ - kDgramHeaderBytes - kFrameHeaderBytes;
   const uint32_t cap = max_dgram_ - kDgramHeaderBytes;
-  while (c.snd_nxt < c.snd_una + window_ && c.snd_nxt < c.peer_limit) {
+  while (c.tx.CanSendNew(window_)) {
     if (!c.tx_started) {
       if (c.msg_tx == c.msg_post) break;
       // The rejected-bit map covers kMaxWindow messages: never more unfinished than that.
@@ -451,18 +340,11 @@ bool ReliableTransport::SendNew(Conn& c, TimeNs now) {
     const uint64_t left = m.header.length - c.tx_off;
     const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(first ? first_cap : cap, left));
     const bool last = len == left;
-    Conn::TxPkt& p = c.Pkt(c.snd_nxt);
-    p.msg = c.msg_tx;
-    p.offset = static_cast<uint32_t>(c.tx_off);
-    p.len = len;
-    p.flags = static_cast<uint16_t>((first ? kPktFirst : 0) | (last ? kPktLast : 0));
-    p.sends = 1;
-    p.sacked = false;
-    p.sent_at = now;
-    if (!SendDataPacket(c, c.snd_nxt)) break;
+    c.tx.Stage(c.msg_tx, static_cast<uint32_t>(c.tx_off), len,
+               static_cast<uint16_t>((first ? kPktFirst : 0) | (last ? kPktLast : 0)), now);
+    if (!SendDataPacket(c, c.tx.next())) break;
     if (c.state != ConnState::kEstablished) return false;
-    ++c.snd_nxt;
-    c.timer_at = std::min(c.timer_at, now + c.rto);
+    c.tx.Commit(now);
     c.tx_off += len;
     if (last) {
       c.tx_started = false;
@@ -480,20 +362,8 @@ bool ReliableTransport::SendNew(Conn& c, TimeNs now) {
   return true;
 }
 
-void ReliableTransport::FillAckFields(Conn& c, DgramHeader& h) {
-  h.ack = c.rcv_nxt;
-  h.msg_ack = c.rx_msg_next;
-  std::memcpy(h.sack, c.sack, sizeof(h.sack));
-  std::memcpy(h.rejected, c.rejected, sizeof(h.rejected));
-  h.credit = credit_;
-  // This header acknowledges everything received so far.
-  c.rx_unacked = 0;
-  c.ack_due_since = kNever;
-  c.ack_now = false;
-}
-
-bool ReliableTransport::SendDataPacket(Conn& c, uint64_t seq) {
-  const Conn::TxPkt& p = c.Pkt(seq);
+bool DatagramTransport::SendDataPacket(Conn& c, uint64_t seq) {
+  const SendWindow::Packet& p = c.tx.packet(seq);
   const Conn::PendingSend& m = c.Send(p.msg);
   struct {
     DgramHeader dh;
@@ -511,29 +381,25 @@ bool ReliableTransport::SendDataPacket(Conn& c, uint64_t seq) {
   head.dh.msg = p.msg;
   head.dh.msg_offset = p.offset;
   // The tail of the window asks for an ack at once rather than after the delay.
-  if (seq + 1 == c.snd_una + window_ || seq + 1 == c.peer_limit) head.dh.flags |= kPktAckNow;
+  if (c.tx.IsLastAllowed(seq, window_)) head.dh.flags |= kPktAckNow;
   const bool first = (p.flags & kPktFirst) != 0;
   head.dh.payload_bytes = p.len + (first ? static_cast<uint32_t>(kFrameHeaderBytes) : 0);
-  const uint32_t rx_unacked = c.rx_unacked;
-  const TimeNs due = c.ack_due_since;
-  const bool ack_now = c.ack_now;
-  FillAckFields(c, head.dh);
+  const ReorderBuffer::Owed owed = c.rx.owed();
+  c.rx.FillAck(head.dh, credit_);
   if (first) head.fh = m.header;
   const size_t head_bytes = kDgramHeaderBytes + (first ? kFrameHeaderBytes : 0);
   const bool ok = Transmit(c.addr, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&head), head_bytes),
                            std::span<const uint8_t>(m.payload + p.offset, p.len));
   if (!ok) {
     // Not sent: the ack we meant to piggyback is still owed.
-    c.rx_unacked = rx_unacked;
-    c.ack_due_since = due;
-    c.ack_now = ack_now;
+    c.rx.Restore(owed);
     return false;
   }
   counters_->data_packets_sent.Add_st(1);
   return true;
 }
 
-void ReliableTransport::SendAck(Conn& c, bool probe) {
+void DatagramTransport::SendAck(Conn& c, bool probe) {
   DgramHeader h;
   std::memset(&h, 0, sizeof(h));
   h.magic = kDgramMagic;
@@ -542,19 +408,17 @@ void ReliableTransport::SendAck(Conn& c, bool probe) {
   h.dst_conn = c.remote_conn;
   h.src_conn = HandleOf(c);
   if (probe) h.flags |= kPktAckNow;  // a keepalive: the peer answers at once
-  const uint32_t rx_unacked = c.rx_unacked;
-  const TimeNs due = c.ack_due_since;
-  FillAckFields(c, h);
+  const ReorderBuffer::Owed owed = c.rx.owed();
+  c.rx.FillAck(h, credit_);
   if (Transmit(c.addr, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&h), sizeof(h)), {})) {
     counters_->pure_acks_sent.Add_st(1);
   } else {
-    c.rx_unacked = rx_unacked;
-    c.ack_due_since = due;
-    c.ack_now = true;
+    c.rx.Restore(owed);
+    c.rx.AckNow();
   }
 }
 
-bool ReliableTransport::SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
+bool DatagramTransport::SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
                                     const FrameHeader& fh, const void* body, size_t body_bytes) {
   std::array<uint8_t, kMaxControlBytes> buf;
   DgramHeader h;
@@ -566,14 +430,14 @@ bool ReliableTransport::SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, C
   h.src_conn = c != nullptr ? HandleOf(*c) : 0;
   h.credit = credit_;
   h.payload_bytes = static_cast<uint32_t>(kFrameHeaderBytes + body_bytes);
-  if (c != nullptr && c->state == ConnState::kEstablished) FillAckFields(*c, h);
+  if (c != nullptr && c->state == ConnState::kEstablished) c->rx.FillAck(h, credit_);
   std::memcpy(buf.data(), &h, sizeof(h));
   std::memcpy(buf.data() + sizeof(h), &fh, sizeof(fh));
   if (body_bytes > 0) std::memcpy(buf.data() + sizeof(h) + sizeof(fh), body, body_bytes);
   return Transmit(to, std::span<const uint8_t>(buf.data(), sizeof(h) + sizeof(fh) + body_bytes), {});
 }
 
-void ReliableTransport::SendError(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
+void DatagramTransport::SendError(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
                                   uint64_t job_id, uint16_t rank, WireError code, std::string_view reason) {
   FrameHeader fh = MakeHeader(type == DgramType::kReject ? FrameType::kReject : FrameType::kGoodbye, job_id, rank);
   struct {
@@ -590,7 +454,7 @@ void ReliableTransport::SendError(const Ipv4Endpoint& to, uint32_t dst_conn, Con
   if (type == DgramType::kClose && c != nullptr) SendControl(to, dst_conn, c, type, fh, &msg, fh.payload_bytes);
 }
 
-bool ReliableTransport::MayAnswerStranger(TimeNs now) {
+bool DatagramTransport::MayAnswerStranger(TimeNs now) {
   // A token bucket: kStrangerReplyBurst at once, kStrangerRepliesPerSecond after that. Whoever
   // floods the port with hellos or stray datagrams (from any source address, spoofed or not)
   // gets at most that many answers, so the daemon neither burns its loop on them nor reflects
@@ -606,64 +470,23 @@ bool ReliableTransport::MayAnswerStranger(TimeNs now) {
   return true;
 }
 
-double ReliableTransport::NextRandom() {
-  // splitmix64: deterministic per seed, so a fault pattern can be replayed.
-  uint64_t z = (rng_ += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * 0x1.0p-53;
-}
-
-bool ReliableTransport::Transmit(const Ipv4Endpoint& to, std::span<const uint8_t> head,
+bool DatagramTransport::Transmit(const Ipv4Endpoint& to, std::span<const uint8_t> head,
                                  std::span<const uint8_t> body) {
-  const FaultOptions& f = rel_.faults;
-  if (f.any()) {
-    ++fault_count_;
-    if ((f.drop_every != 0 && fault_count_ % f.drop_every == 0) ||
-        (f.drop_probability > 0 && NextRandom() < f.drop_probability)) {
-      counters_->injected_drops.Add_st(1);
-      return true;  // "sent": the wire lost it
-    }
-    if (f.duplicate_probability > 0 && NextRandom() < f.duplicate_probability) {
-      if (link_->Send_st(to, head, body)) {
-        counters_->injected_duplicates.Add_st(1);
-        counters_->datagrams_sent.Add_st(1);
-      }
-    }
-    if (!held_ && f.reorder_probability > 0 && head.size() <= held_head_.size() &&
-        NextRandom() < f.reorder_probability) {
-      held_ = true;
-      held_to_ = to;
-      std::memcpy(held_head_.data(), head.data(), head.size());
-      held_head_bytes_ = head.size();
-      held_body_ = body;
-      counters_->injected_reorders.Add_st(1);
-      return true;
-    }
-  }
   if (!link_->Send_st(to, head, body)) {
     counters_->link_full.Add_st(1);
     return false;
   }
-  counters_->datagrams_sent.Add_st(1);
-  if (held_) FlushHeld();  // the held one goes after this: reordered
+  // With faults injected, what reached the wire is the injector's count (drops and holds are
+  // "sent" here, duplicates are extra).
+  if (faulty_ == nullptr) counters_->datagrams_sent.Add_st(1);
   return true;
-}
-
-void ReliableTransport::FlushHeld() {
-  if (!held_) return;
-  held_ = false;
-  if (link_->Send_st(held_to_, std::span<const uint8_t>(held_head_.data(), held_head_bytes_), held_body_)) {
-    counters_->datagrams_sent.Add_st(1);
-  }
 }
 
 // ---- receive ----------------------------------------------------------------------------------
 
-void ReliableTransport::CountError(WireError e) { counters_->errors[static_cast<size_t>(e)].Add_st(1); }
+void DatagramTransport::CountError(WireError e) { counters_->errors[static_cast<size_t>(e)].Add_st(1); }
 
-void ReliableTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const uint8_t> bytes, TimeNs now) {
+void DatagramTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const uint8_t> bytes, TimeNs now) {
   counters_->datagrams_received.Add_st(1);
   DgramHeader dh;
   if (bytes.size() < sizeof(dh)) {
@@ -724,11 +547,11 @@ void ReliableTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const 
   if (c->state != ConnState::kEstablished) return;  // data before our hello-ok: resent later
   c->last_heard = now;
   if (!OnAckFields(*c, dh, now)) return;
-  if ((dh.flags & kPktAckNow) != 0) c->ack_now = true;
+  if ((dh.flags & kPktAckNow) != 0) c->rx.AckNow();
   if (type == DgramType::kData) OnData(*c, dh, body, now);
 }
 
-void ReliableTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh, std::span<const uint8_t> body,
+void DatagramTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh, std::span<const uint8_t> body,
                                 TimeNs now) {
   if (!listening_) return;  // like a closed port: the dialer retries until its deadline
   FrameHeader fh;
@@ -781,7 +604,7 @@ void ReliableTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh,
   c->addr = from;
   c->addr_text = FormatEndpoint(from);
   c->remote_conn = dh.src_conn;
-  c->peer_limit = std::min<uint64_t>(dh.credit, kMaxWindow);
+  c->tx.SetInitialCredit(dh.credit);
   c->state = ConnState::kEstablished;
   c->last_heard = c->last_progress = now;
   ++inbound_up_;
@@ -792,7 +615,7 @@ void ReliableTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh,
   handler_->OnPeerUp_st(InfoOf(*c));
 }
 
-void ReliableTransport::OnHelloOk(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now) {
+void DatagramTransport::OnHelloOk(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now) {
   FrameHeader fh;
   if (body.size() != sizeof(fh)) return CountError(WireError::kBadLength);
   std::memcpy(&fh, body.data(), sizeof(fh));
@@ -808,14 +631,14 @@ void ReliableTransport::OnHelloOk(Conn& c, const DgramHeader& dh, std::span<cons
     return Refuse(c, WireError::kBadRank, absl::InvalidArgumentError(absl::StrCat("peer claims rank ", fh.sender_rank)));
   }
   c.peer_rank = fh.sender_rank;
-  c.peer_limit = std::min<uint64_t>(dh.credit, kMaxWindow);
+  c.tx.SetInitialCredit(dh.credit);
   c.state = ConnState::kEstablished;
   c.last_heard = c.last_progress = now;
   counters_->peers_up.Add_st(1);
   handler_->OnPeerUp_st(InfoOf(c));
 }
 
-void ReliableTransport::OnCloseOrReject(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body) {
+void DatagramTransport::OnCloseOrReject(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body) {
   FrameHeader fh;
   ErrorBody eb{};
   std::string_view reason;
@@ -838,49 +661,16 @@ void ReliableTransport::OnCloseOrReject(Conn& c, const DgramHeader& dh, std::spa
                                         std::string(WireErrorName(code)), "): ", std::string(reason))));
 }
 
-bool ReliableTransport::OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now) {
-  if (dh.ack > c.snd_nxt || dh.msg_ack > c.msgs_sent || dh.credit > kMaxWindow) {
+bool DatagramTransport::OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now) {
+  if (dh.ack > c.tx.next() || dh.msg_ack > c.msgs_sent || dh.credit > kMaxWindow) {
     Refuse(c, WireError::kBadField, absl::InvalidArgumentError(absl::StrFormat(
                                         "ack %d / message ack %d beyond what was sent (%d / %d)", dh.ack,
-                                        dh.msg_ack, c.snd_nxt, c.msgs_sent)));
+                                        dh.msg_ack, c.tx.next(), c.msgs_sent)));
     return false;
   }
-  if (dh.ack < c.snd_una) return true;  // an older ack overtaken by a newer one: stale
-  c.peer_limit = std::max(c.peer_limit, dh.ack + dh.credit);
-  if (dh.ack > c.snd_una) {
-    // RTT sample from the newest packet this ack covers, never from a retransmitted one (Karn).
-    const Conn::TxPkt& p = c.Pkt(dh.ack - 1);
-    if (p.sends == 1 && !p.sacked) {
-      const TimeNs r = std::max<TimeNs>(now - p.sent_at, 0);
-      if (!c.have_rtt) {
-        c.srtt = r;
-        c.rttvar = r / 2;
-        c.have_rtt = true;
-      } else {
-        const TimeNs d = c.srtt > r ? c.srtt - r : r - c.srtt;
-        c.rttvar = (3 * c.rttvar + d) / 4;
-        c.srtt = (7 * c.srtt + r) / 8;
-      }
-    }
-    if (c.have_rtt) {
-      c.rto = std::clamp<TimeNs>(c.srtt + std::max<TimeNs>(10 * sched::kMicrosecond, 4 * c.rttvar), rel_.min_rto,
-                                 rel_.max_rto);
-    }
-    c.snd_una = dh.ack;
-    c.acked_at = now;
-    c.last_progress = now;
-    c.timer_at = c.snd_una == c.snd_nxt ? kNever : std::min(c.timer_at, now + c.rto);
-  }
-  if ((dh.sack[0] | dh.sack[1] | dh.sack[2] | dh.sack[3]) != 0) {
-    const uint64_t end = std::min(c.snd_nxt, c.snd_una + kMaxWindow);
-    for (uint64_t s = c.snd_una; s < end; ++s) {
-      if (BitTest(dh.sack, s)) {
-        c.Pkt(s).sacked = true;
-        c.highest_sacked = std::max(c.highest_sacked, s);
-      }
-    }
-    if (c.highest_sacked > c.snd_una) c.sack_holes = true;
-  }
+  const SendWindow::AckResult ack = c.tx.OnAck(dh.ack, dh.sack, dh.credit, now);
+  if (ack.stale) return true;  // an older header overtaken by a newer one
+  if (ack.advanced) c.last_progress = now;
   while (c.msg_acked < dh.msg_ack) {
     const uint64_t m = c.msg_acked++;
     const Conn::PendingSend& s = c.Send(m);
@@ -903,62 +693,37 @@ bool ReliableTransport::OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now) 
   return true;
 }
 
-bool ReliableTransport::OnData(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now) {
-  const uint64_t seq = dh.seq;
-  if (seq < c.rcv_nxt) {
-    counters_->duplicates.Add_st(1);
-    c.ack_now = true;  // our ack was probably lost
-    return true;
-  }
-  if (seq >= c.rcv_nxt + window_ || (seq > c.rcv_nxt && body.size() > max_dgram_ - kDgramHeaderBytes)) {
-    counters_->beyond_credit.Add_st(1);
-    c.ack_now = true;
-    return true;
-  }
-  if (c.ack_due_since == kNever) c.ack_due_since = now;
-  if (seq > c.rcv_nxt) {
-    Conn::RxSlot& slot = c.rx_slots[seq % window_];
-    if (slot.present) {
+bool DatagramTransport::OnData(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now) {
+  ReorderBuffer::Packet p{dh.flags, dh.msg, dh.msg_offset, body};
+  switch (c.rx.OnPacket(dh.seq, p, now)) {
+    case ReorderBuffer::Verdict::kDuplicate:
       counters_->duplicates.Add_st(1);
-    } else {
-      slot.present = true;
-      slot.flags = dh.flags;
-      slot.msg = dh.msg;
-      slot.msg_offset = dh.msg_offset;
-      slot.bytes = static_cast<uint32_t>(body.size());
-      std::memcpy(c.rx_buf.data() + (seq % window_) * (max_dgram_ - kDgramHeaderBytes), body.data(), body.size());
-      BitSet(c.sack, seq, true);
+      return true;
+    case ReorderBuffer::Verdict::kBeyondCapacity:
+      counters_->beyond_credit.Add_st(1);
+      return true;
+    case ReorderBuffer::Verdict::kHeld:
       counters_->out_of_order.Add_st(1);
-    }
-    c.ack_now = true;  // tell the sender about the hole at once (fast retransmit)
-    return true;
+      return true;
+    case ReorderBuffer::Verdict::kInOrder:
+      break;
   }
-  if (!Deliver(c, dh.flags, dh.msg, dh.msg_offset, body, now)) return false;
-  ++c.rcv_nxt;
-  ++c.rx_unacked;
-  for (;;) {
-    Conn::RxSlot& slot = c.rx_slots[c.rcv_nxt % window_];
-    if (!slot.present) break;
-    slot.present = false;
-    BitSet(c.sack, c.rcv_nxt, false);
-    const uint8_t* data = c.rx_buf.data() + (c.rcv_nxt % window_) * (max_dgram_ - kDgramHeaderBytes);
-    if (!Deliver(c, slot.flags, slot.msg, slot.msg_offset, std::span<const uint8_t>(data, slot.bytes), now)) {
-      return false;
-    }
-    ++c.rcv_nxt;
-    ++c.rx_unacked;
-  }
+  // In order: straight from the link's buffer to its destination, then whatever it unblocked.
+  do {
+    if (!Deliver(c, p.flags, p.msg, p.msg_offset, p.bytes, now)) return false;
+    c.rx.Consumed();
+  } while (c.rx.NextHeld(&p));
   return true;
 }
 
-bool ReliableTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t msg_offset,
+bool DatagramTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t msg_offset,
                                 std::span<const uint8_t> bytes, TimeNs now) {
   auto violation = [&](WireError code, std::string_view what) {
     Refuse(c, code, absl::InvalidArgumentError(absl::StrCat("peer rank ", c.peer_rank, ": ", std::string(what))));
     return false;
   };
   if ((flags & kPktFirst) != 0) {
-    if (c.rx_in_msg || msg != c.rx_msg_next) return violation(WireError::kUnexpectedFrame, "segment out of order");
+    if (c.rx_in_msg || msg != c.rx.next_message()) return violation(WireError::kUnexpectedFrame, "segment out of order");
     if (bytes.size() < kFrameHeaderBytes) return violation(WireError::kBadLength, "first packet without a header");
     FrameHeader& h = c.rx_header;
     std::memcpy(&h, bytes.data(), sizeof(h));
@@ -983,7 +748,7 @@ bool ReliableTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t 
       c.rx_target.accept = false;
       CountError(WireError::kNoTarget);
     }
-  } else if (!c.rx_in_msg || msg != c.rx_msg_next) {
+  } else if (!c.rx_in_msg || msg != c.rx.next_message()) {
     return violation(WireError::kUnexpectedFrame, "continuation of a segment not started");
   }
   const FrameHeader& h = c.rx_header;
@@ -1002,9 +767,7 @@ bool ReliableTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t 
   if (c.rx_got != h.length) return violation(WireError::kBadLength, "segment ended short");
   c.rx_in_msg = false;
   const bool accepted = c.rx_target.accept;
-  BitSet(c.rejected, c.rx_msg_next, !accepted);
-  ++c.rx_msg_next;
-  c.ack_now = true;  // the sender's credit returns on this
+  c.rx.CompleteMessage(accepted);
   c.counters.acks_sent.Add_st(1);
   counters_->total.acks_sent.Add_st(1);
   if (accepted) {
@@ -1020,7 +783,7 @@ bool ReliableTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t 
 
 // ---- teardown ---------------------------------------------------------------------------------
 
-void ReliableTransport::Refuse(Conn& c, WireError code, const absl::Status& why) {
+void DatagramTransport::Refuse(Conn& c, WireError code, const absl::Status& why) {
   if (code != WireError::kShutdown) CountError(code);
   if (c.state == ConnState::kEstablished || c.state == ConnState::kHelloSent) {
     const JobTable::Entry& job = jobs_[c.job_index];
@@ -1032,8 +795,8 @@ void ReliableTransport::Refuse(Conn& c, WireError code, const absl::Status& why)
   Teardown(c, why);
 }
 
-void ReliableTransport::UpdateCredit() {
-  const uint32_t budget = rel_.rx_budget_packets;
+void DatagramTransport::UpdateCredit() {
+  const uint32_t budget = proto_.rx_budget_packets;
   if (budget == 0) {
     credit_ = window_;
     return;
@@ -1044,7 +807,7 @@ void ReliableTransport::UpdateCredit() {
                                  window_);
 }
 
-void ReliableTransport::Teardown(Conn& c, const absl::Status& why) {
+void DatagramTransport::Teardown(Conn& c, const absl::Status& why) {
   if (c.state == ConnState::kDead || c.state == ConnState::kFree) return;
   if (c.inbound && c.state == ConnState::kEstablished) {
     --inbound_up_;
@@ -1055,7 +818,7 @@ void ReliableTransport::Teardown(Conn& c, const absl::Status& why) {
   dead_slots_.push_back(static_cast<uint32_t>(&c - conns_.data()));
 }
 
-void ReliableTransport::FailPendingAndReportDown(Conn& c, const absl::Status& why) {
+void DatagramTransport::FailPendingAndReportDown(Conn& c, const absl::Status& why) {
   const bool report = c.known;
   c.known = false;
   while (c.msg_acked != c.msg_post) {
@@ -1072,7 +835,7 @@ void ReliableTransport::FailPendingAndReportDown(Conn& c, const absl::Status& wh
   }
 }
 
-void ReliableTransport::ReleaseDeadSlots() {
+void DatagramTransport::ReleaseDeadSlots() {
   for (const uint32_t idx : dead_slots_) {
     Conn& c = conns_[idx];
     c.state = ConnState::kFree;
@@ -1083,7 +846,7 @@ void ReliableTransport::ReleaseDeadSlots() {
   dead_slots_.clear();
 }
 
-ReliableTransport::Conn* ReliableTransport::AllocConn() {
+DatagramTransport::Conn* DatagramTransport::AllocConn() {
   if (free_slots_.empty()) return nullptr;
   const uint32_t idx = free_slots_.back();
   free_slots_.pop_back();
@@ -1094,10 +857,8 @@ ReliableTransport::Conn* ReliableTransport::AllocConn() {
     const uint32_t n = RoundUpPow2(options_.max_pending_sends_per_peer);
     c.sends.resize(n);
     c.send_mask = n - 1;
-    c.pkts.resize(kMaxWindow);
-    c.pkt_mask = kMaxWindow - 1;
-    c.rx_slots.resize(window_);
-    c.rx_buf.resize(static_cast<size_t>(window_) * (max_dgram_ - kDgramHeaderBytes));
+    c.tx.Init();
+    c.rx.Init(window_, max_dgram_ - kDgramHeaderBytes);
   }
   c.inbound = c.known = false;
   c.job_index = -1;
@@ -1111,29 +872,16 @@ ReliableTransport::Conn* ReliableTransport::AllocConn() {
   c.last_heard = c.last_progress = c.last_ping = 0;
   c.msg_post = c.msg_acked = c.msg_tx = c.msgs_sent = c.tx_off = 0;
   c.tx_started = false;
-  c.snd_una = c.snd_nxt = c.peer_limit = c.highest_sacked = 0;
-  c.sack_holes = false;
-  c.srtt = c.rttvar = 0;
-  c.rto = rel_.initial_rto;
-  c.have_rtt = false;
-  c.acked_at = 0;
-  c.timer_at = kNever;
-  c.rcv_nxt = 0;
-  std::fill(std::begin(c.sack), std::end(c.sack), 0);
-  std::fill(std::begin(c.rejected), std::end(c.rejected), 0);
-  c.rx_msg_next = 0;
+  c.tx.Reset(SendWindow::Timing{proto_.initial_rto, proto_.min_rto, proto_.max_rto, proto_.rto_burst});
+  c.rx.Reset();
   c.rx_in_msg = false;
   c.rx_dst = nullptr;
   c.rx_got = 0;
-  for (Conn::RxSlot& s : c.rx_slots) s.present = false;
-  c.rx_unacked = 0;
-  c.ack_now = false;
-  c.ack_due_since = kNever;
   c.counters.Reset_st();
   return &c;
 }
 
-ReliableTransport::Conn* ReliableTransport::Lookup(PeerHandle h) {
+DatagramTransport::Conn* DatagramTransport::Lookup(PeerHandle h) {
   const uint32_t idx = h & kIndexMask;
   if (idx >= conns_.size()) return nullptr;
   Conn& c = conns_[idx];
@@ -1141,11 +889,11 @@ ReliableTransport::Conn* ReliableTransport::Lookup(PeerHandle h) {
   return &c;
 }
 
-PeerHandle ReliableTransport::HandleOf(const Conn& c) const {
+PeerHandle DatagramTransport::HandleOf(const Conn& c) const {
   return (c.generation.load(std::memory_order_relaxed) << kIndexBits) | static_cast<uint32_t>(&c - conns_.data());
 }
 
-PeerInfo ReliableTransport::InfoOf(const Conn& c) const {
+PeerInfo DatagramTransport::InfoOf(const Conn& c) const {
   PeerInfo p;
   p.handle = HandleOf(c);
   p.job_id = c.job_index >= 0 ? jobs_[c.job_index].creds.job_id : 0;
@@ -1156,9 +904,9 @@ PeerInfo ReliableTransport::InfoOf(const Conn& c) const {
 
 // ---- stats ------------------------------------------------------------------------------------
 
-TransportStats ReliableTransport::Stats() const { return counters_->Snapshot(); }
+TransportStats DatagramTransport::Stats() const { return counters_->Snapshot(); }
 
-PeerStats ReliableTransport::PeerStatsOf(PeerHandle peer) const {
+PeerStats DatagramTransport::PeerStatsOf(PeerHandle peer) const {
   const uint32_t idx = peer & kIndexMask;
   if (idx >= conns_.size()) return PeerStats{};
   const Conn& c = conns_[idx];
@@ -1166,10 +914,11 @@ PeerStats ReliableTransport::PeerStatsOf(PeerHandle peer) const {
   return c.counters.Snapshot();
 }
 
-ReliableStats ReliableTransport::ReliableStatsNow() const {
+DatagramStats DatagramTransport::DatagramStatsNow() const {
   const Counters& k = *counters_;
-  ReliableStats s;
-  s.datagrams_sent = k.datagrams_sent.Get();
+  DatagramStats s;
+  const FaultStats f = faulty_ != nullptr ? faulty_->Stats() : FaultStats{};
+  s.datagrams_sent = k.datagrams_sent.Get() + f.sent;
   s.datagrams_received = k.datagrams_received.Get();
   s.data_packets_sent = k.data_packets_sent.Get();
   s.retransmits = k.retransmits.Get();
@@ -1180,11 +929,11 @@ ReliableStats ReliableTransport::ReliableStatsNow() const {
   s.pure_acks_sent = k.pure_acks_sent.Get();
   s.stray = k.stray.Get();
   s.replies_suppressed = k.replies_suppressed.Get();
-  s.injected_drops = k.injected_drops.Get();
-  s.injected_reorders = k.injected_reorders.Get();
-  s.injected_duplicates = k.injected_duplicates.Get();
+  s.injected_drops = f.drops;
+  s.injected_reorders = f.reorders;
+  s.injected_duplicates = f.duplicates;
   s.link_full = k.link_full.Get();
   return s;
 }
 
-}  // namespace gradlane::transport::dpdk
+}  // namespace gradlane::transport::datagram

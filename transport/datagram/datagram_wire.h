@@ -1,4 +1,4 @@
-// transport/dpdk/reliable_wire.h — the packet layout of gradlane's reliable datagram protocol
+// transport/datagram/datagram_wire.h — the packet layout of gradlane's reliable datagram protocol
 // (GLRD), which carries the peer wire protocol (transport/wire.h frames) over UDP datagrams when
 // the daemon drives the NIC itself (DPDK).
 //
@@ -18,8 +18,8 @@
 //
 // Guarantees: fixed-size, padding-free, trivially copyable, little-endian (sent as in-memory
 // bytes, as wire.h). Pure value types: any thread.
-#ifndef GRADLANE_TRANSPORT_DPDK_RELIABLE_WIRE_H_
-#define GRADLANE_TRANSPORT_DPDK_RELIABLE_WIRE_H_
+#ifndef GRADLANE_TRANSPORT_DATAGRAM_DATAGRAM_WIRE_H_
+#define GRADLANE_TRANSPORT_DATAGRAM_DATAGRAM_WIRE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -27,7 +27,7 @@
 
 #include "transport/wire.h"
 
-namespace gradlane::transport::dpdk {
+namespace gradlane::transport::datagram {
 
 // "GLRD" as bytes on the wire.
 inline constexpr uint32_t kDgramMagic = 0x44524C47u;
@@ -98,6 +98,6 @@ inline void BitSet(uint64_t (&bits)[4], uint64_t i, bool v) {
   w = v ? (w | m) : (w & ~m);
 }
 
-}  // namespace gradlane::transport::dpdk
+}  // namespace gradlane::transport::datagram
 
-#endif  // GRADLANE_TRANSPORT_DPDK_RELIABLE_WIRE_H_
+#endif  // GRADLANE_TRANSPORT_DATAGRAM_DATAGRAM_WIRE_H_

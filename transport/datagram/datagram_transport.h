@@ -1,36 +1,45 @@
-// transport/dpdk/reliable_transport.h — gradlane's reliable datagram protocol as pure logic: a
-// complete Transport (transport/transport.h) over any unreliable datagram link.
+// transport/datagram/datagram_transport.h — gradlane's reliable datagram protocol: a complete
+// Transport (transport/transport.h) over any unreliable datagram link.
 //
-// DPDK gives packets, not reliability; this class adds it, and nothing in it knows about DPDK:
-// it sends and receives through a small DatagramLink interface and takes time as an argument,
-// so the unit tests run it over an in-memory lossy pipe on virtual time, and the DPDK backend
-// (dpdk_transport.h) runs the same code over a NIC port. The shape follows eRPC/Machnet:
+// DPDK gives packets, not reliability; this class adds it, and nothing in transport/datagram/
+// knows about DPDK: it sends and receives through a DatagramLink (datagram_link.h) and takes time
+// as an argument, so the unit tests run it over an in-memory lossy pipe on virtual time, and the
+// DPDK backend (transport/dpdk/) runs the same code over a NIC port. The shape follows
+// eRPC/Machnet, one concern per file:
+//   - send_window.h: per connection, the packets in flight, bounded by our window and the
+//     receiver's credit; cumulative + selective acks; RTO from RTT samples (RFC 6298, Karn's
+//     rule, exponential back-off) and fast retransmission of holes;
+//   - reorder_buffer.h: per connection, in-order release, early packets held in `window` slots
+//     (the credit offered never exceeds that, so nobody is overrun), the ack fields piggybacked
+//     on every header, delayed pure acks;
+//   - faulty_link.h: drop / reorder / duplicate on transmit, in front of the link when the
+//     options ask for it, to prove the rest;
+//   - ipv4_udp.h: addresses, and the IPv4/UDP framing the port puts around each datagram;
+//   - datagram_wire.h: the datagram header.
+// This class ties them together:
+//   - the connection table: slots with generation-checked handles, for dialed and accepted peers;
+//   - the handshake of the TCP backend (hello with job, rank, world and token → hello-ok or
+//     reject with the same WireError codes and statuses), keepalive probes so a vanished peer is
+//     noticed after peer_timeout even when idle, a best-effort close with a reason, and
+//     rate-limited answers to datagrams for no connection;
 //   - segmentation: a segment (FrameHeader + payload) becomes packets of the link's largest
 //     datagram (jumbo where the port allows); the first carries the FrameHeader;
-//   - per-connection sliding window over packet sequence numbers, with cumulative + selective
-//     acks piggybacked on every header, and delayed pure acks (every `ack_every` packets, at the
-//     end of a message, on anything out of order, or after `ack_delay`);
-//   - retransmission: RTO from RTT samples (RFC 6298, Karn's rule, exponential back-off), and
-//     fast retransmission of holes the selective ack shows;
-//   - receiver-advertised credits: a sender never has packets beyond ack + credit in flight, and
-//     the receiver's reorder buffer holds exactly `credit` packets, so nobody is overrun;
 //   - in-order delivery: the engine sees ResolveRecv_st/OnRecvDone_st per segment in send order;
 //     in-order packets are copied straight to the destination (or, for a by_piece target, handed
 //     to OnRecvPiece_st in segment order), only out-of-order ones are held;
-//   - the handshake of the TCP backend (hello with job, rank, world and token → hello-ok or
-//     reject with the same WireError codes and statuses), keepalive probes so a vanished peer is
-//     noticed after peer_timeout even when idle, and a best-effort close with a reason;
-//   - fault injection on transmit (drop every Nth / with probability p, reorder, duplicate) to
-//     prove the above.
+//   - the credit each connection is offered: the window, or the port's receive budget split
+//     among the inbound connections.
 //
 // Guarantees: those of transport/transport.h. The send source is referenced, not copied, until
 // the segment is acknowledged (retransmissions read it again), so the engine's rule "reuse a
 // buffer after ack/fail" is exactly what this backend needs. No allocation on the data path: send
 // rings, packet rings and the reorder buffer are sized when a connection slot is first used
-// (control path) and kept. Thread rules: `_st` methods and the DatagramSink callback on the
-// owning engine thread; Stats()/PeerStatsOf() from any thread (relaxed atomics).
-#ifndef GRADLANE_TRANSPORT_DPDK_RELIABLE_TRANSPORT_H_
-#define GRADLANE_TRANSPORT_DPDK_RELIABLE_TRANSPORT_H_
+// (control path) and kept. The link and the handler are borrowed and must outlive the transport;
+// the fault injector, when there is one, is owned. Thread rules: `_st` methods and the
+// DatagramSink callback on the owning engine thread; Stats()/PeerStatsOf()/DatagramStatsNow()
+// from any thread (relaxed atomics).
+#ifndef GRADLANE_TRANSPORT_DATAGRAM_DATAGRAM_TRANSPORT_H_
+#define GRADLANE_TRANSPORT_DATAGRAM_DATAGRAM_TRANSPORT_H_
 
 #include <atomic>
 #include <cstdint>
@@ -42,67 +51,18 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "transport/dpdk/reliable_wire.h"
+#include "transport/datagram/datagram_link.h"
+#include "transport/datagram/datagram_wire.h"
+#include "transport/datagram/faulty_link.h"
+#include "transport/datagram/ipv4_udp.h"
+#include "transport/datagram/reorder_buffer.h"
+#include "transport/datagram/send_window.h"
 #include "transport/job_table.h"
 #include "transport/transport.h"
 
-namespace gradlane::transport::dpdk {
+namespace gradlane::transport::datagram {
 
-// An IPv4 address and UDP port, host byte order.
-struct Ipv4Endpoint {
-  uint32_t ip = 0;
-  uint16_t port = 0;
-  bool operator==(const Ipv4Endpoint&) const = default;
-};
-// "a.b.c.d:port" → endpoint; InvalidArgument otherwise (the DPDK backend speaks IPv4 only).
-absl::StatusOr<Ipv4Endpoint> ParseIpv4Endpoint(std::string_view host_port);
-absl::StatusOr<uint32_t> ParseIpv4(std::string_view host);
-std::string FormatIpv4(uint32_t ip);
-std::string FormatEndpoint(const Ipv4Endpoint& e);
-
-// Where received datagrams go.
-class DatagramSink {
- public:
-  virtual ~DatagramSink() = default;
-  virtual void OnDatagram_st(const Ipv4Endpoint& from, std::span<const uint8_t> bytes, TimeNs now) = 0;
-};
-
-// The unreliable link under the protocol: the DPDK port in production, a lossy pipe in tests.
-class DatagramLink {
- public:
-  virtual ~DatagramLink() = default;
-  // Largest datagram (UDP payload) one send may carry; at least kMinDatagramBytes.
-  virtual uint32_t max_datagram_bytes() const = 0;
-  // This end's address (the port is what Listen_st reports).
-  virtual Ipv4Endpoint local_endpoint() const = 0;
-  // Queues one datagram of head + body. `head` is copied; `body` may be referenced instead
-  // (zero-copy): it stays valid until the send it belongs to is acknowledged or failed. False:
-  // no room right now (nothing was queued; try again on a later step).
-  virtual bool Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head,
-                       std::span<const uint8_t> body) = 0;
-  // Puts queued datagrams on the wire.
-  virtual void Flush_st() = 0;
-  // Hands received datagrams to `sink`. With none ready and wait > 0, waits for one up to
-  // `wait` (backing off, so an idle daemon does not hold a core). Returns datagrams handed over.
-  virtual int Poll_st(DatagramSink* sink, TimeNs now, TimeNs wait) = 0;
-  // Datagrams the port holds for us between two polls before it drops (a NIC's RX descriptors,
-  // an af_packet ring's frames); 0: unknown.
-  virtual uint32_t rx_capacity_packets() const { return 0; }
-};
-
-// Transmit-side fault injection (tests and the loss benchmark; all zero in production).
-struct FaultOptions {
-  uint32_t drop_every = 0;            // drop every Nth datagram sent (0: never)
-  double drop_probability = 0;        // and/or each with this probability
-  double reorder_probability = 0;     // hold a datagram back and send it after the next one
-  double duplicate_probability = 0;   // send a datagram twice
-  uint64_t seed = 1;
-  bool any() const {
-    return drop_every != 0 || drop_probability > 0 || reorder_probability > 0 || duplicate_probability > 0;
-  }
-};
-
-struct ReliableOptions {
+struct DatagramOptions {
   // Packets in flight per connection, and the credit (reorder buffer) each receiver offers.
   uint32_t window_packets = kMaxWindow;
   // What the port can hold for us between polls, in packets (0: no limit). The credit offered
@@ -126,7 +86,7 @@ struct ReliableOptions {
 };
 
 // Protocol counters beyond TransportStats (any thread).
-struct ReliableStats {
+struct DatagramStats {
   uint64_t datagrams_sent = 0;
   uint64_t datagrams_received = 0;
   uint64_t data_packets_sent = 0;
@@ -142,16 +102,16 @@ struct ReliableStats {
   uint64_t link_full = 0;          // sends the link had no room for (retried later)
 };
 
-class ReliableTransport final : public Transport, public DatagramSink {
+class DatagramTransport final : public Transport, public DatagramSink {
  public:
   // Validates options and preallocates. `link` and `handler` must outlive the transport.
-  static absl::StatusOr<std::unique_ptr<ReliableTransport>> Create(const TransportOptions& options,
-                                                                   const ReliableOptions& reliable,
+  static absl::StatusOr<std::unique_ptr<DatagramTransport>> Create(const TransportOptions& options,
+                                                                   const DatagramOptions& protocol,
                                                                    DatagramLink* link,
                                                                    TransportHandler* handler);
-  ~ReliableTransport() override;
-  ReliableTransport(const ReliableTransport&) = delete;
-  ReliableTransport& operator=(const ReliableTransport&) = delete;
+  ~DatagramTransport() override;
+  DatagramTransport(const DatagramTransport&) = delete;
+  DatagramTransport& operator=(const DatagramTransport&) = delete;
 
   // Starts answering hellos. Returns the link's UDP port.
   // Datagrams arrive whole in the link's buffers: a by_piece target gets each one's bytes.
@@ -175,7 +135,7 @@ class ReliableTransport final : public Transport, public DatagramSink {
   uint16_t listen_port() const { return link_->local_endpoint().port; }
   TransportStats Stats() const override;
   PeerStats PeerStatsOf(PeerHandle peer) const override;
-  ReliableStats ReliableStatsNow() const;
+  DatagramStats DatagramStatsNow() const;
 
   // DatagramSink: one received datagram (engine thread, from inside Progress_st).
   void OnDatagram_st(const Ipv4Endpoint& from, std::span<const uint8_t> bytes, TimeNs now) override;
@@ -183,7 +143,7 @@ class ReliableTransport final : public Transport, public DatagramSink {
  private:
   struct Conn;
 
-  ReliableTransport(const TransportOptions& options, const ReliableOptions& reliable,
+  DatagramTransport(const TransportOptions& options, const DatagramOptions& protocol,
                     DatagramLink* link, TransportHandler* handler);
 
   Conn* Lookup(PeerHandle h);
@@ -206,15 +166,12 @@ class ReliableTransport final : public Transport, public DatagramSink {
   bool SendNew(Conn& c, TimeNs now);
   bool SendDataPacket(Conn& c, uint64_t seq);
   void SendAck(Conn& c, bool probe);
-  // Writes our receive state into `h`; it then counts as the acknowledgement owed.
-  void FillAckFields(Conn& c, DgramHeader& h);
   // A control datagram (hello/ok/reject/close): DgramHeader + FrameHeader + optional body.
   bool SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
                    const FrameHeader& fh, const void* body, size_t body_bytes);
   void SendError(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
                  uint64_t job_id, uint16_t rank, WireError code, std::string_view reason);
   bool Transmit(const Ipv4Endpoint& to, std::span<const uint8_t> head, std::span<const uint8_t> body);
-  void FlushHeld();
 
   // Protocol violation or timeout: count, tell the peer why (best effort), tear down.
   void Refuse(Conn& c, WireError code, const absl::Status& why);
@@ -227,11 +184,12 @@ class ReliableTransport final : public Transport, public DatagramSink {
   void FailPendingAndReportDown(Conn& c, const absl::Status& why);
   void ReleaseDeadSlots();
   void CountError(WireError e);
-  double NextRandom();
 
   const TransportOptions options_;
-  ReliableOptions rel_;
-  DatagramLink* const link_;
+  DatagramOptions proto_;
+  // What sends go through: the link, or the fault injector in front of it.
+  DatagramLink* link_;
+  std::unique_ptr<FaultyLink> faulty_;
   TransportHandler* const handler_;
   uint32_t max_dgram_ = 0;
   uint32_t window_ = 0;
@@ -249,20 +207,10 @@ class ReliableTransport final : public Transport, public DatagramSink {
   std::vector<uint32_t> active_;  // slots in use (any state but free)
   JobTable jobs_;
   std::vector<RegisteredRegion> regions_;
-  // Fault injection: one datagram held back for reordering.
-  uint64_t fault_count_ = 0;
-  uint64_t rng_ = 0;
-  bool held_ = false;
-  Ipv4Endpoint held_to_;
-  std::vector<uint8_t> held_head_;
-  std::span<const uint8_t> held_body_;
-  size_t held_head_bytes_ = 0;
-
   struct Counters;
   std::unique_ptr<Counters> counters_;
 };
 
+}  // namespace gradlane::transport::datagram
 
-}  // namespace gradlane::transport::dpdk
-
-#endif  // GRADLANE_TRANSPORT_DPDK_RELIABLE_TRANSPORT_H_
+#endif  // GRADLANE_TRANSPORT_DATAGRAM_DATAGRAM_TRANSPORT_H_

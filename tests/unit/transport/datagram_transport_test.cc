@@ -1,8 +1,8 @@
-// The reliable datagram protocol (transport/dpdk/reliable_transport.h) over an in-memory pipe on
+// The reliable datagram protocol (transport/datagram/datagram_transport.h) over an in-memory pipe on
 // virtual time: handshake and refusals, bit-exact delivery of segments of every size, loss,
 // reordering and duplication (injected by the transport and by the pipe), a peer that vanishes,
 // a full window, exhausted credits, a full link, resolver rejection, malformed datagrams.
-#include "transport/dpdk/reliable_transport.h"
+#include "transport/datagram/datagram_transport.h"
 
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@
 
 #include "recording_handler.h"
 
-namespace gradlane::transport::dpdk {
+namespace gradlane::transport::datagram {
 namespace {
 
 using testing::RecordingHandler;
@@ -112,11 +112,11 @@ bool PipeLink::Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head, st
 
 // One daemon: link + handler + transport + a registered buffer.
 struct Node {
-  Node(Pipe* pipe, uint32_t ip, uint32_t mtu, const TransportOptions& o, const ReliableOptions& r,
+  Node(Pipe* pipe, uint32_t ip, uint32_t mtu, const TransportOptions& o, const DatagramOptions& r,
        uint64_t buffer_bytes = 4 << 20)
       : link(pipe, Ipv4Endpoint{ip, 7610}, mtu), buf(buffer_bytes) {
     pipe->links[Pipe::Key(link.local_endpoint())] = &link;
-    auto t = ReliableTransport::Create(o, r, &link, &handler);
+    auto t = DatagramTransport::Create(o, r, &link, &handler);
     EXPECT_TRUE(t.ok()) << t.status();
     transport = std::move(*t);
     EXPECT_TRUE(transport->Listen_st().ok());
@@ -124,7 +124,7 @@ struct Node {
   }
   PipeLink link;
   RecordingHandler handler;
-  std::unique_ptr<ReliableTransport> transport;
+  std::unique_ptr<DatagramTransport> transport;
   std::vector<uint8_t> buf;
   RegionId region = kNoRegion;
 };
@@ -142,7 +142,7 @@ JobCredentials Job(uint16_t rank, std::string token = "secret") { return JobCred
 
 class ReliableTest : public ::testing::Test {
  protected:
-  void Make(const ReliableOptions& ra = {}, const ReliableOptions& rb = {}, uint32_t mtu = 1500,
+  void Make(const DatagramOptions& ra = {}, const DatagramOptions& rb = {}, uint32_t mtu = 1500,
             TransportOptions o = Opts()) {
     a = std::make_unique<Node>(&pipe, 0x0A000001, mtu, o, ra);
     b = std::make_unique<Node>(&pipe, 0x0A000002, mtu, o, rb);
@@ -231,7 +231,7 @@ TEST_F(ReliableTest, HandshakeAndBitExactDelivery) {
   EXPECT_EQ(b->handler.up[0].rank, 0);
   EXPECT_TRUE(b->handler.up[0].inbound);
   TransferAndCheck(h, kSizes);
-  const auto rs = a->transport->ReliableStatsNow();
+  const auto rs = a->transport->DatagramStatsNow();
   EXPECT_EQ(rs.retransmits, 0u);
   // 1 MiB in 1500-byte datagrams: segmented, not one datagram.
   EXPECT_GT(rs.data_packets_sent, (1u << 20) / 1372);
@@ -245,7 +245,7 @@ TEST_F(ReliableTest, JumboDatagramsCarryMorePerPacket) {
   Make({}, {}, 9000);
   const PeerHandle h = ConnectAB();
   TransferAndCheck(h, {1 << 20});
-  EXPECT_LE(a->transport->ReliableStatsNow().data_packets_sent, (1u << 20) / (9000 - 128 - 64) + 2);
+  EXPECT_LE(a->transport->DatagramStatsNow().data_packets_sent, (1u << 20) / (9000 - 128 - 64) + 2);
 }
 
 TEST_F(ReliableTest, WrongTokenIsRejected) {
@@ -290,23 +290,23 @@ TEST_F(ReliableTest, NobodyListeningHitsConnectDeadline) {
 }
 
 TEST_F(ReliableTest, SurvivesInjectedLossReorderAndDuplication) {
-  ReliableOptions r;
+  DatagramOptions r;
   r.faults.drop_every = 7;
   r.faults.drop_probability = 0.05;
   r.faults.reorder_probability = 0.1;
   r.faults.duplicate_probability = 0.05;
   r.faults.seed = 3;
-  ReliableOptions rb = r;
+  DatagramOptions rb = r;
   rb.faults.seed = 4;
   Make(r, rb);
   const PeerHandle h = ConnectAB();
   TransferAndCheck(h, kSizes);
-  const auto ra = a->transport->ReliableStatsNow();
+  const auto ra = a->transport->DatagramStatsNow();
   EXPECT_GT(ra.injected_drops, 0u);
   EXPECT_GT(ra.injected_reorders, 0u);
   EXPECT_GT(ra.injected_duplicates, 0u);
   EXPECT_GT(ra.retransmits, 0u);
-  const auto rbs = b->transport->ReliableStatsNow();
+  const auto rbs = b->transport->DatagramStatsNow();
   EXPECT_GT(rbs.out_of_order, 0u);
   EXPECT_GT(rbs.duplicates, 0u);
 }
@@ -316,7 +316,7 @@ TEST_F(ReliableTest, SurvivesHeavyPipeLossInBothDirections) {
   const PeerHandle h = ConnectAB();
   pipe.loss = 0.3;
   TransferAndCheck(h, {1 << 20, 5, 200000});
-  EXPECT_GT(a->transport->ReliableStatsNow().timeouts, 0u);
+  EXPECT_GT(a->transport->DatagramStatsNow().timeouts, 0u);
 }
 
 TEST_F(ReliableTest, RtoAdaptsToRtt) {
@@ -325,7 +325,7 @@ TEST_F(ReliableTest, RtoAdaptsToRtt) {
   const PeerHandle h = ConnectAB();
   TransferAndCheck(h, {100000, 100000});
   // No spurious retransmission although the initial RTO (5 ms) is near the RTT.
-  EXPECT_EQ(a->transport->ReliableStatsNow().retransmits, 0u);
+  EXPECT_EQ(a->transport->DatagramStatsNow().retransmits, 0u);
 }
 
 // A full window queued on a slow link: the last packet's RTT (18 ms: 256 jumbo packets at
@@ -334,7 +334,7 @@ TEST_F(ReliableTest, RtoAdaptsToRtt) {
 // on each ack, RFC 6298 5.3) and nothing is sent twice. Timed from each packet's send alone,
 // every packet queued more than 1 ms would time out.
 TEST_F(ReliableTest, PacketsQueuedOnASlowLinkDoNotTimeOutWhileAcksFlow) {
-  ReliableOptions ra, rb;
+  DatagramOptions ra, rb;
   ra.min_rto = ra.initial_rto = ra.max_rto = 1 * kMs;
   rb.ack_every = 4;  // an ack every 0.3 ms at this rate, well inside the 1 ms floor
   Make(ra, rb, 9000);
@@ -343,13 +343,13 @@ TEST_F(ReliableTest, PacketsQueuedOnASlowLinkDoNotTimeOutWhileAcksFlow) {
   const TimeNs t0 = pipe.now;
   TransferAndCheck(h, {4000000});
   EXPECT_GE(pipe.now - t0, 32 * kMs) << "the link rate did not apply";  // 4 MB at 125 B/us
-  const ReliableStats rs = a->transport->ReliableStatsNow();
+  const DatagramStats rs = a->transport->DatagramStatsNow();
   EXPECT_EQ(rs.timeouts, 0u);
   EXPECT_EQ(rs.retransmits, 0u);
 }
 
 TEST_F(ReliableTest, WindowBoundsPacketsInFlight) {
-  ReliableOptions r;
+  DatagramOptions r;
   r.window_packets = 8;
   Make(r, r);
   const PeerHandle h = ConnectAB();
@@ -358,7 +358,7 @@ TEST_F(ReliableTest, WindowBoundsPacketsInFlight) {
   ASSERT_TRUE(a->transport->PostSend_st(h, Spec(0, 100000, 0)).ok());
   for (int i = 0; i < 200; ++i) Step();
   // 8 fresh packets; anything more is a retransmission of those 8.
-  const auto rs = a->transport->ReliableStatsNow();
+  const auto rs = a->transport->DatagramStatsNow();
   EXPECT_EQ(rs.data_packets_sent - rs.retransmits, 8u);
   b->link.paused = false;
   ASSERT_TRUE(RunUntil([&] { return a->handler.acked.size() == 1; }));
@@ -366,8 +366,8 @@ TEST_F(ReliableTest, WindowBoundsPacketsInFlight) {
 }
 
 TEST_F(ReliableTest, ReceiverCreditLimitsALargerSenderWindow) {
-  ReliableOptions big;
-  ReliableOptions small;
+  DatagramOptions big;
+  DatagramOptions small;
   small.window_packets = 4;
   Make(big, small);
   const PeerHandle h = ConnectAB();
@@ -375,18 +375,18 @@ TEST_F(ReliableTest, ReceiverCreditLimitsALargerSenderWindow) {
   FillRandom(a->buf, 2);
   ASSERT_TRUE(a->transport->PostSend_st(h, Spec(0, 200000, 0)).ok());
   for (int i = 0; i < 100; ++i) Step();
-  const auto rs = a->transport->ReliableStatsNow();
+  const auto rs = a->transport->DatagramStatsNow();
   EXPECT_EQ(rs.data_packets_sent - rs.retransmits, 4u);
   b->link.paused = false;
   ASSERT_TRUE(RunUntil([&] { return a->handler.acked.size() == 1; }));
   EXPECT_EQ(0, std::memcmp(a->buf.data(), b->buf.data(), 200000));
-  EXPECT_EQ(b->transport->ReliableStatsNow().beyond_credit, 0u);
+  EXPECT_EQ(b->transport->DatagramStatsNow().beyond_credit, 0u);
 }
 
 // The receiver splits what its port can hold among the connections that send to it: a 16-packet
 // budget offers 16 to one inbound connection, 8 each to two, 16 again once one has gone.
 TEST_F(ReliableTest, ReceiveBudgetIsSplitAmongInboundConnections) {
-  ReliableOptions ra, rb;
+  DatagramOptions ra, rb;
   rb.window_packets = 16;
   rb.rx_budget_packets = 16;
   Make(ra, rb);
@@ -394,11 +394,11 @@ TEST_F(ReliableTest, ReceiveBudgetIsSplitAmongInboundConnections) {
   FillRandom(a->buf, 7);
   // Fresh packets a puts in flight on `h` while b reads nothing; then b catches up.
   auto fresh_in_flight = [&](PeerHandle h, uint64_t offset, uint64_t cookie) {
-    const auto before = a->transport->ReliableStatsNow();
+    const auto before = a->transport->DatagramStatsNow();
     b->link.paused = true;
     EXPECT_TRUE(a->transport->PostSend_st(h, Spec(offset, 100000, cookie)).ok());
     for (int i = 0; i < 200; ++i) Step();
-    const auto after = a->transport->ReliableStatsNow();
+    const auto after = a->transport->DatagramStatsNow();
     b->link.paused = false;
     const size_t acked = a->handler.acked.size();
     EXPECT_TRUE(RunUntil([&] { return a->handler.acked.size() == acked + 1; }));
@@ -419,7 +419,7 @@ TEST_F(ReliableTest, ReceiveBudgetIsSplitAmongInboundConnections) {
   EXPECT_EQ(fresh_in_flight(h1, 400000, 5), 8u);
   EXPECT_EQ(fresh_in_flight(h1, 500000, 6), 16u);
   EXPECT_EQ(0, std::memcmp(a->buf.data(), b->buf.data(), 600000));
-  EXPECT_EQ(b->transport->ReliableStatsNow().beyond_credit, 0u);
+  EXPECT_EQ(b->transport->DatagramStatsNow().beyond_credit, 0u);
 }
 
 // Closes and rejects to addresses without a connection are rate limited: a flood of stray
@@ -435,11 +435,11 @@ TEST_F(ReliableTest, AnswersToStrangersAreRateLimited) {
   std::vector<uint8_t> stray(sizeof(h));
   std::memcpy(stray.data(), &h, sizeof(h));
   auto flood = [&](int n) {
-    const ReliableStats before = b->transport->ReliableStatsNow();
+    const DatagramStats before = b->transport->DatagramStatsNow();
     const uint64_t sent = b->link.sent;
     for (int i = 0; i < n; ++i) pipe.Deliver(a->link.local_endpoint(), b->link.local_endpoint(), stray);
     Step(pipe.delay);
-    const ReliableStats after = b->transport->ReliableStatsNow();
+    const DatagramStats after = b->transport->DatagramStatsNow();
     EXPECT_EQ(after.stray - before.stray, static_cast<uint64_t>(n));
     return std::make_pair(b->link.sent - sent, after.replies_suppressed - before.replies_suppressed);
   };
@@ -463,7 +463,7 @@ TEST_F(ReliableTest, FullLinkIsRetriedNotLost) {
   }
   a->link.tx_budget = -1;
   ASSERT_TRUE(RunUntil([&] { return a->handler.acked.size() == 1; }));
-  EXPECT_GT(a->transport->ReliableStatsNow().link_full, 0u);
+  EXPECT_GT(a->transport->DatagramStatsNow().link_full, 0u);
   EXPECT_EQ(0, std::memcmp(a->buf.data(), b->buf.data(), 300000));
 }
 
@@ -628,25 +628,15 @@ TEST_F(ReliableTest, AckBeyondWhatWasSentClosesTheConnection) {
 TEST_F(ReliableTest, BadOptionsAreRefused) {
   PipeLink link(&pipe, Ipv4Endpoint{1, 1}, 1500);
   RecordingHandler hd;
-  ReliableOptions r;
+  DatagramOptions r;
   r.window_packets = kMaxWindow + 1;
-  EXPECT_FALSE(ReliableTransport::Create(Opts(), r, &link, &hd).ok());
+  EXPECT_FALSE(DatagramTransport::Create(Opts(), r, &link, &hd).ok());
   r = {};
   r.faults.drop_probability = 1.5;
-  EXPECT_FALSE(ReliableTransport::Create(Opts(), r, &link, &hd).ok());
+  EXPECT_FALSE(DatagramTransport::Create(Opts(), r, &link, &hd).ok());
   PipeLink tiny(&pipe, Ipv4Endpoint{1, 2}, 200);
-  EXPECT_FALSE(ReliableTransport::Create(Opts(), {}, &tiny, &hd).ok());
-}
-
-TEST(Ipv4, ParseAndFormat) {
-  auto e = ParseIpv4Endpoint("192.168.77.1:7610");
-  ASSERT_TRUE(e.ok());
-  EXPECT_EQ(e->ip, 0xC0A84D01u);
-  EXPECT_EQ(FormatEndpoint(*e), "192.168.77.1:7610");
-  EXPECT_FALSE(ParseIpv4Endpoint("192.168.77:1").ok());
-  EXPECT_FALSE(ParseIpv4Endpoint("192.168.77.256:1").ok());
-  EXPECT_FALSE(ParseIpv4Endpoint("[::1]:1").ok());
+  EXPECT_FALSE(DatagramTransport::Create(Opts(), {}, &tiny, &hd).ok());
 }
 
 }  // namespace
-}  // namespace gradlane::transport::dpdk
+}  // namespace gradlane::transport::datagram
