@@ -10,8 +10,6 @@
 namespace gradlane::transport::datagram {
 namespace {
 
-constexpr uint32_t kIndexBits = 16;
-constexpr uint32_t kIndexMask = (1u << kIndexBits) - 1;
 using sched::kNever;
 constexpr size_t kMaxControlBytes = kDgramHeaderBytes + kFrameHeaderBytes + kMaxControlPayloadBytes;
 
@@ -39,7 +37,6 @@ struct DatagramTransport::Conn {
     uint64_t cookie = 0;
   };
 
-  std::atomic<uint32_t> generation{1};
   ConnState state = ConnState::kFree;
   bool inbound = false;
   bool known = false;  // the engine holds a handle for it (outbound, or inbound and up)
@@ -89,9 +86,8 @@ absl::StatusOr<std::unique_ptr<DatagramTransport>> DatagramTransport::Create(
     const TransportOptions& options, const DatagramOptions& protocol, DatagramLink* link,
     TransportHandler* handler) {
   if (link == nullptr || handler == nullptr) return absl::InvalidArgumentError("null link or handler");
-  if (options.max_connections == 0 || options.max_connections > kIndexMask) {
-    return absl::InvalidArgumentError("max_connections must be 1..65535");
-  }
+  auto t = std::unique_ptr<DatagramTransport>(new DatagramTransport(options, protocol, link, handler));
+  if (absl::Status s = t->conns_.Init(options.max_connections); !s.ok()) return s;
   if (options.max_pending_sends_per_peer == 0 || options.max_pending_sends_per_peer > (1u << 24)) {
     return absl::InvalidArgumentError("max_pending_sends_per_peer must be 1..2^24");
   }
@@ -111,17 +107,10 @@ absl::StatusOr<std::unique_ptr<DatagramTransport>> DatagramTransport::Create(
     return absl::InvalidArgumentError(absl::StrCat("datagrams of ", dg, " bytes are too small (need ",
                                                    kMinDatagramBytes, ")"));
   }
-  auto t = std::unique_ptr<DatagramTransport>(new DatagramTransport(options, protocol, link, handler));
   t->max_dgram_ = dg;
   t->window_ = protocol.window_packets;
   t->credit_ = t->window_;
   t->proto_.ack_every = std::max<uint32_t>(1, protocol.ack_every);
-  t->conn_storage_.reset(new Conn[options.max_connections]);
-  t->conns_ = std::span<Conn>(t->conn_storage_.get(), options.max_connections);
-  t->free_slots_.reserve(options.max_connections);
-  t->dead_slots_.reserve(options.max_connections);
-  t->active_.reserve(options.max_connections);
-  for (uint32_t i = options.max_connections; i-- > 0;) t->free_slots_.push_back(i);
   t->regions_.reserve(options.max_regions);
   if (protocol.faults.any()) {
     // Data packets' heads are shorter than the longest control datagram: any may be reordered.
@@ -144,15 +133,14 @@ absl::Status DatagramTransport::AddJob_st(const JobCredentials& job) { return jo
 absl::Status DatagramTransport::RemoveJob_st(uint64_t job_id) {
   const int j = jobs_.Find(job_id);
   if (j < 0) return absl::NotFoundError(absl::StrCat("job ", job_id, " is not registered"));
-  for (uint32_t idx : std::vector<uint32_t>(active_)) {
-    Conn& c = conns_[idx];
-    if (c.job_index != j || c.state == ConnState::kDead || c.state == ConnState::kFree) continue;
+  conns_.ForEach([&](Conn& c) {
+    if (c.job_index != j || c.state == ConnState::kDead || c.state == ConnState::kFree) return;
     if (c.state == ConnState::kEstablished) {
       SendError(c.addr, c.remote_conn, &c, DgramType::kClose, job_id, jobs_[j].creds.local_rank,
                 WireError::kShutdown, "job removed");
     }
     Teardown(c, absl::CancelledError(absl::StrCat("job ", job_id, " removed")));
-  }
+  });
   jobs_.Deactivate(j);
   link_->Flush_st();
   return absl::OkStatus();
@@ -175,11 +163,11 @@ absl::StatusOr<PeerHandle> DatagramTransport::Connect_st(const JobCredentials& j
   c->give_up_at = now + options_.connect_deadline;
   c->backoff = options_.connect_initial_backoff;
   c->retry_at = now;  // first hello on the next step: never a callback inside Connect_st
-  return HandleOf(*c);
+  return conns_.HandleOf(*c);
 }
 
 void DatagramTransport::Disconnect_st(PeerHandle peer, TimeNs) {
-  Conn* c = Lookup(peer);
+  Conn* c = conns_.Lookup(peer);
   if (c == nullptr || c->state == ConnState::kDead) return;
   if (c->state == ConnState::kEstablished) {
     const JobTable::Entry& job = jobs_[c->job_index];
@@ -210,7 +198,7 @@ absl::Status DatagramTransport::UnregisterRegion_st(RegionId region) {
 }
 
 absl::Status DatagramTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
-  Conn* c = Lookup(peer);
+  Conn* c = conns_.Lookup(peer);
   if (c == nullptr || c->state == ConnState::kDead) return absl::NotFoundError("peer is not connected");
   auto payload = ResolveSendPayload(regions_, spec, options_.max_segment_bytes);
   if (!payload.ok()) return payload.status();
@@ -232,23 +220,21 @@ absl::Status DatagramTransport::PostSend_st(PeerHandle peer, const SendSpec& spe
 
 int DatagramTransport::Progress_st(TimeNs now, int wait_ms) {
   int work = link_->Poll_st(this, now, 0);
-  for (size_t i = 0; i < active_.size(); ++i) {
-    Conn& c = conns_[active_[i]];
+  conns_.ForEach([&](Conn& c) {
     const uint64_t before = c.tx.next() + c.msg_acked + c.rx.next();
     Service(c, now);
     if (c.tx.next() + c.msg_acked + c.rx.next() != before) ++work;
-  }
+  });
   if (faulty_ != nullptr) faulty_->ReleaseHeld_st();
   link_->Flush_st();
-  ReleaseDeadSlots();
+  conns_.ReleaseRetired([](Conn& c) { c.state = ConnState::kFree; });
   if (work == 0 && wait_ms > 0) {
     TimeNs wait = TimeNs{wait_ms} * sched::kMillisecond;
-    for (uint32_t idx : active_) {
-      const Conn& c = conns_[idx];
+    conns_.ForEach([&](const Conn& c) {
       if (c.state == ConnState::kHelloSent) wait = std::min(wait, std::max<TimeNs>(0, c.retry_at - now));
       if (c.tx.timer_at() != kNever) wait = std::min(wait, std::max<TimeNs>(0, c.tx.timer_at() - now));
       if (c.rx.AckPending()) wait = 0;
-    }
+    });
     if (wait > 0) work += link_->Poll_st(this, now, wait);
   }
   return work;
@@ -355,7 +341,7 @@ bool DatagramTransport::SendNew(Conn& c, TimeNs now) {
       c.counters.frames_sent.Add_st(1);
       counters_->total.bytes_sent.Add_st(h.length);
       counters_->total.frames_sent.Add_st(1);
-      handler_->OnSendDone_st(SendCompletion{HandleOf(c), m.cookie, h.key, h.iteration, h.offset, h.length});
+      handler_->OnSendDone_st(SendCompletion{conns_.HandleOf(c), m.cookie, h.key, h.iteration, h.offset, h.length});
       if (c.state != ConnState::kEstablished) return false;
     }
   }
@@ -376,7 +362,7 @@ bool DatagramTransport::SendDataPacket(Conn& c, uint64_t seq) {
   head.dh.type = static_cast<uint8_t>(DgramType::kData);
   head.dh.flags = p.flags;
   head.dh.dst_conn = c.remote_conn;
-  head.dh.src_conn = HandleOf(c);
+  head.dh.src_conn = conns_.HandleOf(c);
   head.dh.seq = seq;
   head.dh.msg = p.msg;
   head.dh.msg_offset = p.offset;
@@ -406,7 +392,7 @@ void DatagramTransport::SendAck(Conn& c, bool probe) {
   h.version = kDgramVersion;
   h.type = static_cast<uint8_t>(DgramType::kAck);
   h.dst_conn = c.remote_conn;
-  h.src_conn = HandleOf(c);
+  h.src_conn = conns_.HandleOf(c);
   if (probe) h.flags |= kPktAckNow;  // a keepalive: the peer answers at once
   const ReorderBuffer::Owed owed = c.rx.owed();
   c.rx.FillAck(h, credit_);
@@ -427,7 +413,7 @@ bool DatagramTransport::SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, C
   h.version = kDgramVersion;
   h.type = static_cast<uint8_t>(type);
   h.dst_conn = dst_conn;
-  h.src_conn = c != nullptr ? HandleOf(*c) : 0;
+  h.src_conn = c != nullptr ? conns_.HandleOf(*c) : 0;
   h.credit = credit_;
   h.payload_bytes = static_cast<uint32_t>(kFrameHeaderBytes + body_bytes);
   if (c != nullptr && c->state == ConnState::kEstablished) c->rx.FillAck(h, credit_);
@@ -506,7 +492,7 @@ void DatagramTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const 
     OnHello(from, dh, body, now);
     return;
   }
-  Conn* c = Lookup(dh.dst_conn);
+  Conn* c = conns_.Lookup(dh.dst_conn);
   const bool match = c != nullptr && c->state != ConnState::kDead && c->addr == from &&
                      (c->remote_conn == dh.src_conn ||
                       (c->state == ConnState::kHelloSent &&
@@ -569,14 +555,18 @@ void DatagramTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh,
   if (TypeOf(fh) != FrameType::kHello) return reject(WireError::kUnexpectedFrame, "hello datagram without a hello");
   if (WireError e = CheckHelloBody(b); e != WireError::kNone) return reject(e, "malformed hello body");
   // A repeated hello (our hello-ok was lost): answer again, same connection.
-  for (uint32_t idx : active_) {
-    Conn& c = conns_[idx];
-    if (c.inbound && c.state == ConnState::kEstablished && c.addr == from && c.remote_conn == dh.src_conn) {
-      const JobCredentials& job = jobs_[c.job_index].creds;
-      SendControl(from, dh.src_conn, &c, DgramType::kHelloOk,
-                  MakeHeader(FrameType::kHelloOk, job.job_id, job.local_rank), nullptr, 0);
-      return;
+  Conn* again = nullptr;
+  conns_.ForEach([&](Conn& c) {
+    if (again == nullptr && c.inbound && c.state == ConnState::kEstablished && c.addr == from &&
+        c.remote_conn == dh.src_conn) {
+      again = &c;
     }
+  });
+  if (again != nullptr) {
+    const JobCredentials& job = jobs_[again->job_index].creds;
+    SendControl(from, dh.src_conn, again, DgramType::kHelloOk,
+                MakeHeader(FrameType::kHelloOk, job.job_id, job.local_rank), nullptr, 0);
+    return;
   }
   const int j = jobs_.Find(fh.job_id);
   if (j < 0) return reject(WireError::kUnknownJob, absl::StrCat("job ", fh.job_id, " is not registered on this daemon"));
@@ -674,7 +664,7 @@ bool DatagramTransport::OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now) 
   while (c.msg_acked < dh.msg_ack) {
     const uint64_t m = c.msg_acked++;
     const Conn::PendingSend& s = c.Send(m);
-    const SendCompletion done{HandleOf(c), s.cookie, s.header.key, s.header.iteration, s.header.offset,
+    const SendCompletion done{conns_.HandleOf(c), s.cookie, s.header.key, s.header.iteration, s.header.offset,
                               s.header.length};
     c.last_progress = now;
     c.counters.acks_received.Add_st(1);
@@ -815,7 +805,7 @@ void DatagramTransport::Teardown(Conn& c, const absl::Status& why) {
   }
   c.state = ConnState::kDead;
   FailPendingAndReportDown(c, why);
-  dead_slots_.push_back(static_cast<uint32_t>(&c - conns_.data()));
+  conns_.Retire(c);
 }
 
 void DatagramTransport::FailPendingAndReportDown(Conn& c, const absl::Status& why) {
@@ -826,7 +816,7 @@ void DatagramTransport::FailPendingAndReportDown(Conn& c, const absl::Status& wh
     c.counters.sends_failed.Add_st(1);
     counters_->total.sends_failed.Add_st(1);
     handler_->OnSendFailed_st(
-        SendCompletion{HandleOf(c), s.cookie, s.header.key, s.header.iteration, s.header.offset, s.header.length},
+        SendCompletion{conns_.HandleOf(c), s.cookie, s.header.key, s.header.iteration, s.header.offset, s.header.length},
         why);
   }
   if (report) {
@@ -835,23 +825,10 @@ void DatagramTransport::FailPendingAndReportDown(Conn& c, const absl::Status& wh
   }
 }
 
-void DatagramTransport::ReleaseDeadSlots() {
-  for (const uint32_t idx : dead_slots_) {
-    Conn& c = conns_[idx];
-    c.state = ConnState::kFree;
-    c.generation.store(c.generation.load(std::memory_order_relaxed) % 0xFFFFu + 1, std::memory_order_relaxed);
-    free_slots_.push_back(idx);
-    active_.erase(std::find(active_.begin(), active_.end(), idx));
-  }
-  dead_slots_.clear();
-}
-
 DatagramTransport::Conn* DatagramTransport::AllocConn() {
-  if (free_slots_.empty()) return nullptr;
-  const uint32_t idx = free_slots_.back();
-  free_slots_.pop_back();
-  active_.push_back(idx);
-  Conn& c = conns_[idx];
+  Conn* slot = conns_.Alloc();
+  if (slot == nullptr) return nullptr;
+  Conn& c = *slot;
   if (c.sends.empty()) {
     // First use of this slot: size its rings once; later uses reuse them.
     const uint32_t n = RoundUpPow2(options_.max_pending_sends_per_peer);
@@ -881,21 +858,9 @@ DatagramTransport::Conn* DatagramTransport::AllocConn() {
   return &c;
 }
 
-DatagramTransport::Conn* DatagramTransport::Lookup(PeerHandle h) {
-  const uint32_t idx = h & kIndexMask;
-  if (idx >= conns_.size()) return nullptr;
-  Conn& c = conns_[idx];
-  if (c.generation.load(std::memory_order_relaxed) != (h >> kIndexBits) || c.state == ConnState::kFree) return nullptr;
-  return &c;
-}
-
-PeerHandle DatagramTransport::HandleOf(const Conn& c) const {
-  return (c.generation.load(std::memory_order_relaxed) << kIndexBits) | static_cast<uint32_t>(&c - conns_.data());
-}
-
 PeerInfo DatagramTransport::InfoOf(const Conn& c) const {
   PeerInfo p;
-  p.handle = HandleOf(c);
+  p.handle = conns_.HandleOf(c);
   p.job_id = c.job_index >= 0 ? jobs_[c.job_index].creds.job_id : 0;
   p.rank = c.peer_rank;
   p.inbound = c.inbound;
@@ -907,11 +872,10 @@ PeerInfo DatagramTransport::InfoOf(const Conn& c) const {
 TransportStats DatagramTransport::Stats() const { return counters_->Snapshot(); }
 
 PeerStats DatagramTransport::PeerStatsOf(PeerHandle peer) const {
-  const uint32_t idx = peer & kIndexMask;
-  if (idx >= conns_.size()) return PeerStats{};
-  const Conn& c = conns_[idx];
-  if (c.generation.load(std::memory_order_relaxed) != (peer >> kIndexBits)) return PeerStats{};
-  return c.counters.Snapshot();
+  // Any thread: the generation check, then the counters (atomics). A slot recycled between the
+  // two reads yields the new connection's (reset) counters.
+  const Conn* c = conns_.LookupAnyThread(peer);
+  return c != nullptr ? c->counters.Snapshot() : PeerStats{};
 }
 
 DatagramStats DatagramTransport::DatagramStatsNow() const {

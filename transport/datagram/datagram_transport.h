@@ -51,6 +51,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "transport/common/connection_table.h"
 #include "transport/datagram/datagram_link.h"
 #include "transport/datagram/datagram_wire.h"
 #include "transport/datagram/faulty_link.h"
@@ -146,8 +147,6 @@ class DatagramTransport final : public Transport, public DatagramSink {
   DatagramTransport(const TransportOptions& options, const DatagramOptions& protocol,
                     DatagramLink* link, TransportHandler* handler);
 
-  Conn* Lookup(PeerHandle h);
-  PeerHandle HandleOf(const Conn& c) const;
   PeerInfo InfoOf(const Conn& c) const;
   Conn* AllocConn();
 
@@ -182,7 +181,6 @@ class DatagramTransport final : public Transport, public DatagramSink {
   static constexpr double kStrangerRepliesPerSecond = 1000;
   static constexpr double kStrangerReplyBurst = 64;
   void FailPendingAndReportDown(Conn& c, const absl::Status& why);
-  void ReleaseDeadSlots();
   void CountError(WireError e);
 
   const TransportOptions options_;
@@ -200,11 +198,9 @@ class DatagramTransport final : public Transport, public DatagramSink {
   double stranger_tokens_ = kStrangerReplyBurst;
   TimeNs stranger_tokens_at_ = 0;
   bool listening_ = false;
-  std::unique_ptr<Conn[]> conn_storage_;
-  std::span<Conn> conns_;
-  std::vector<uint32_t> free_slots_;
-  std::vector<uint32_t> dead_slots_;
-  std::vector<uint32_t> active_;  // slots in use (any state but free)
+  // Slots with generation-checked handles; a torn-down connection is retired and freed at the
+  // end of Progress_st, when no handle of the round is in flight.
+  ConnectionTable<Conn> conns_;
   JobTable jobs_;
   std::vector<RegisteredRegion> regions_;
   struct Counters;
