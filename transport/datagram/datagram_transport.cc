@@ -78,7 +78,12 @@ struct DatagramTransport::Conn {
 
 DatagramTransport::DatagramTransport(const TransportOptions& options, const DatagramOptions& protocol,
                                      DatagramLink* link, TransportHandler* handler)
-    : options_(options), proto_(protocol), link_(link), handler_(handler), counters_(new Counters) {}
+    : options_(options),
+      proto_(protocol),
+      link_(link),
+      handler_(handler),
+      regions_(options.max_regions),
+      counters_(new Counters) {}
 
 DatagramTransport::~DatagramTransport() = default;
 
@@ -111,7 +116,6 @@ absl::StatusOr<std::unique_ptr<DatagramTransport>> DatagramTransport::Create(
   t->window_ = protocol.window_packets;
   t->credit_ = t->window_;
   t->proto_.ack_every = std::max<uint32_t>(1, protocol.ack_every);
-  t->regions_.reserve(options.max_regions);
   if (protocol.faults.any()) {
     // Data packets' heads are shorter than the longest control datagram: any may be reordered.
     t->faulty_ = std::make_unique<FaultyLink>(link, protocol.faults, kMaxControlBytes);
@@ -179,28 +183,15 @@ void DatagramTransport::Disconnect_st(PeerHandle peer, TimeNs) {
 }
 
 absl::StatusOr<RegionId> DatagramTransport::RegisterRegion_st(void* base, uint64_t bytes) {
-  if (base == nullptr && bytes != 0) return absl::InvalidArgumentError("null region");
-  for (size_t i = 0; i < regions_.size(); ++i) {
-    if (!regions_[i].used) {
-      regions_[i] = RegisteredRegion{static_cast<uint8_t*>(base), bytes, true};
-      return static_cast<RegionId>(i);
-    }
-  }
-  if (regions_.size() >= options_.max_regions) return absl::ResourceExhaustedError("too many regions");
-  regions_.push_back(RegisteredRegion{static_cast<uint8_t*>(base), bytes, true});
-  return static_cast<RegionId>(regions_.size() - 1);
+  return regions_.Register(base, bytes);
 }
 
-absl::Status DatagramTransport::UnregisterRegion_st(RegionId region) {
-  if (region >= regions_.size() || !regions_[region].used) return absl::NotFoundError("no such region");
-  regions_[region] = RegisteredRegion{};
-  return absl::OkStatus();
-}
+absl::Status DatagramTransport::UnregisterRegion_st(RegionId region) { return regions_.Unregister(region); }
 
 absl::Status DatagramTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
   Conn* c = conns_.Lookup(peer);
   if (c == nullptr || c->state == ConnState::kDead) return absl::NotFoundError("peer is not connected");
-  auto payload = ResolveSendPayload(regions_, spec, options_.max_segment_bytes);
+  auto payload = regions_.ResolveSend(spec, options_.max_segment_bytes);
   if (!payload.ok()) return payload.status();
   if (c->msg_post - c->msg_acked > c->send_mask) {
     return absl::ResourceExhaustedError("too many sends pending for this peer");
@@ -728,13 +719,10 @@ bool DatagramTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t 
     c.rx_got = 0;
     c.rx_target = handler_->ResolveRecv_st(InfoOf(c), h);
     if (c.state != ConnState::kEstablished) return false;
-    bool ok = c.rx_target.accept && c.rx_target.region < regions_.size() && regions_[c.rx_target.region].used;
-    if (ok) {
-      const RegisteredRegion& r = regions_[c.rx_target.region];
-      ok = c.rx_target.region_offset <= r.bytes && h.length <= r.bytes - c.rx_target.region_offset;
-      if (ok) c.rx_dst = r.base + c.rx_target.region_offset;
-    }
-    if (!ok) {
+    const std::optional<uint8_t*> dst = regions_.ResolveRecv(c.rx_target, h.length);
+    if (dst.has_value()) {
+      c.rx_dst = *dst;
+    } else {
       c.rx_target.accept = false;
       CountError(WireError::kNoTarget);
     }

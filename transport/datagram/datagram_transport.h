@@ -52,6 +52,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "transport/common/connection_table.h"
+#include "transport/common/region_table.h"
 #include "transport/datagram/datagram_link.h"
 #include "transport/datagram/datagram_wire.h"
 #include "transport/datagram/faulty_link.h"
@@ -202,7 +203,7 @@ class DatagramTransport final : public Transport, public DatagramSink {
   // end of Progress_st, when no handle of the round is in flight.
   ConnectionTable<Conn> conns_;
   JobTable jobs_;
-  std::vector<RegisteredRegion> regions_;
+  RegionTable regions_;
   struct Counters;
   std::unique_ptr<Counters> counters_;
 };
