@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "transport/common/hello.h"
 
 namespace gradlane::transport::datagram {
 namespace {
@@ -278,16 +279,8 @@ void DatagramTransport::Service(Conn& c, TimeNs now) {
 }
 
 void DatagramTransport::SendHello(Conn& c) {
-  const JobCredentials& job = jobs_[c.job_index].creds;
-  FrameHeader fh = MakeHeader(FrameType::kHello, job.job_id, job.local_rank);
-  fh.payload_bytes = kHelloBodyBytes;
-  HelloBody b;
-  std::memset(&b, 0, sizeof(b));
-  b.rank = job.local_rank;
-  b.world_size = job.world_size;
-  b.token_bytes = static_cast<uint16_t>(job.token.size());
-  std::memcpy(b.token, job.token.data(), job.token.size());
-  SendControl(c.addr, 0, &c, DgramType::kHello, fh, &b, sizeof(b));
+  const HelloFrame hello = MakeHello(jobs_[c.job_index].creds);
+  SendControl(c.addr, 0, &c, DgramType::kHello, hello.header, &hello.body, sizeof(hello.body));
 }
 
 bool DatagramTransport::Retransmit(Conn& c, TimeNs now) {
@@ -416,19 +409,14 @@ bool DatagramTransport::SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, C
 
 void DatagramTransport::SendError(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
                                   uint64_t job_id, uint16_t rank, WireError code, std::string_view reason) {
-  FrameHeader fh = MakeHeader(type == DgramType::kReject ? FrameType::kReject : FrameType::kGoodbye, job_id, rank);
-  struct {
-    ErrorBody body;
-    char reason[kMaxReasonBytes];
-  } msg;
-  msg.body.code = static_cast<uint32_t>(code);
-  msg.body.reason_bytes = static_cast<uint32_t>(std::min(reason.size(), kMaxReasonBytes));
-  std::memcpy(msg.reason, reason.data(), msg.body.reason_bytes);
-  fh.payload_bytes = static_cast<uint32_t>(kErrorBodyBytes + msg.body.reason_bytes);
-  SendControl(to, dst_conn, c, type, fh, &msg, fh.payload_bytes);
+  const ErrorFrame f = MakeErrorFrame(type == DgramType::kReject ? FrameType::kReject : FrameType::kGoodbye, job_id,
+                                      rank, code, reason);
+  SendControl(to, dst_conn, c, type, f.header, &f.payload, f.header.payload_bytes);
   // Nothing retransmits a close (its connection is gone here), so it goes twice: one lost
   // datagram should not leave the peer to find out by timeout.
-  if (type == DgramType::kClose && c != nullptr) SendControl(to, dst_conn, c, type, fh, &msg, fh.payload_bytes);
+  if (type == DgramType::kClose && c != nullptr) {
+    SendControl(to, dst_conn, c, type, f.header, &f.payload, f.header.payload_bytes);
+  }
 }
 
 bool DatagramTransport::MayAnswerStranger(TimeNs now) {
@@ -544,6 +532,7 @@ void DatagramTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh,
     return reject(e, std::string(ValidateHeader(fh, options_.max_segment_bytes).message()));
   }
   if (TypeOf(fh) != FrameType::kHello) return reject(WireError::kUnexpectedFrame, "hello datagram without a hello");
+  // Well formed before anything is answered, a repeated hello included (CheckHello checks it too).
   if (WireError e = CheckHelloBody(b); e != WireError::kNone) return reject(e, "malformed hello body");
   // A repeated hello (our hello-ok was lost): answer again, same connection.
   Conn* again = nullptr;
@@ -559,20 +548,11 @@ void DatagramTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh,
                 MakeHeader(FrameType::kHelloOk, job.job_id, job.local_rank), nullptr, 0);
     return;
   }
-  const int j = jobs_.Find(fh.job_id);
-  if (j < 0) return reject(WireError::kUnknownJob, absl::StrCat("job ", fh.job_id, " is not registered on this daemon"));
+  // Job known, token, rank: the checks (and refusals) of every backend.
+  const HandshakeCheck check = CheckHello(jobs_, fh, b);
+  if (!check.ok()) return reject(check.code, std::string(check.status.message()));
+  const int j = check.job_index;
   const JobCredentials& job = jobs_[j].creds;
-  const std::span<const uint8_t> given(b.token, b.token_bytes);
-  const std::span<const uint8_t> want(reinterpret_cast<const uint8_t*>(job.token.data()), job.token.size());
-  if (!TokensEqual(given, want)) {
-    return reject(WireError::kAuthFailed, absl::StrCat("auth token mismatch for job ", fh.job_id));
-  }
-  if (b.world_size != job.world_size || b.rank >= job.world_size || b.rank == job.local_rank ||
-      fh.sender_rank != b.rank) {
-    return reject(WireError::kBadRank, absl::StrCat("rank ", b.rank, " of world ", b.world_size, " does not fit job ",
-                                                    fh.job_id, " (world ", job.world_size, ", we are rank ",
-                                                    job.local_rank, ")"));
-  }
   Conn* c = AllocConn();
   if (c == nullptr) {
     counters_->accepts_refused.Add_st(1);
@@ -605,12 +585,7 @@ void DatagramTransport::OnHelloOk(Conn& c, const DgramHeader& dh, std::span<cons
   if (CheckHeader(fh, options_.max_segment_bytes) != WireError::kNone || TypeOf(fh) != FrameType::kHelloOk) {
     return Refuse(c, WireError::kUnexpectedFrame, absl::InvalidArgumentError("malformed hello-ok"));
   }
-  if (fh.job_id != job.job_id) {
-    return Refuse(c, WireError::kUnknownJob, absl::InvalidArgumentError("peer accepted a different job"));
-  }
-  if (fh.sender_rank >= job.world_size || fh.sender_rank == job.local_rank) {
-    return Refuse(c, WireError::kBadRank, absl::InvalidArgumentError(absl::StrCat("peer claims rank ", fh.sender_rank)));
-  }
+  if (const HandshakeCheck ok = CheckHelloOk(job, fh); !ok.ok()) return Refuse(c, ok.code, ok.status);
   c.peer_rank = fh.sender_rank;
   c.tx.SetInitialCredit(dh.credit);
   c.state = ConnState::kEstablished;
@@ -620,26 +595,13 @@ void DatagramTransport::OnHelloOk(Conn& c, const DgramHeader& dh, std::span<cons
 }
 
 void DatagramTransport::OnCloseOrReject(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body) {
-  FrameHeader fh;
-  ErrorBody eb{};
-  std::string_view reason;
-  if (body.size() >= sizeof(fh) + sizeof(eb)) {
-    std::memcpy(&fh, body.data(), sizeof(fh));
-    std::memcpy(&eb, body.data() + sizeof(fh), sizeof(eb));
-    const size_t n = std::min<size_t>({eb.reason_bytes, body.size() - sizeof(fh) - sizeof(eb), kMaxReasonBytes});
-    reason = std::string_view(reinterpret_cast<const char*>(body.data()) + sizeof(fh) + sizeof(eb), n);
-  }
-  const WireError code = eb.code < kWireErrorCount ? static_cast<WireError>(eb.code) : WireError::kNone;
+  // The FrameHeader, then the ErrorBody and its reason (none, or cut short: code kNone).
+  const PeerError error =
+      ParseErrorPayload(body.size() >= kFrameHeaderBytes ? body.subspan(kFrameHeaderBytes) : std::span<const uint8_t>());
   const std::string peer = c.inbound ? absl::StrCat("rank ", c.peer_rank) : c.addr_text;
-  if (static_cast<DgramType>(dh.type) == DgramType::kReject) {
-    Teardown(c, WireErrorStatus(code, absl::StrCat("peer ", peer, " rejected the connection (",
-                                                std::string(WireErrorName(code)), "): ", std::string(reason))));
-    return;
-  }
-  if (c.state == ConnState::kEstablished) counters_->peer_resets.Add_st(1);
-  Teardown(c, WireErrorStatus(code == WireError::kNone ? WireError::kShutdown : code,
-                           absl::StrCat("peer ", peer, " closed the connection (",
-                                        std::string(WireErrorName(code)), "): ", std::string(reason))));
+  const bool reject = static_cast<DgramType>(dh.type) == DgramType::kReject;
+  if (!reject && c.state == ConnState::kEstablished) counters_->peer_resets.Add_st(1);
+  Teardown(c, PeerClosedStatus(reject ? FrameType::kReject : FrameType::kGoodbye, error, peer));
 }
 
 bool DatagramTransport::OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now) {
