@@ -32,12 +32,6 @@ struct DatagramTransport::Counters : TransportCounters {
 enum class ConnState : uint8_t { kFree, kHelloSent, kEstablished, kDead };
 
 struct DatagramTransport::Conn {
-  struct PendingSend {
-    FrameHeader header;
-    const uint8_t* payload = nullptr;
-    uint64_t cookie = 0;
-  };
-
   ConnState state = ConnState::kFree;
   bool inbound = false;
   bool known = false;  // the engine holds a handle for it (outbound, or inbound and up)
@@ -84,7 +78,8 @@ DatagramTransport::DatagramTransport(const TransportOptions& options, const Data
       link_(link),
       handler_(handler),
       regions_(options.max_regions),
-      counters_(new Counters) {}
+      counters_(new Counters),
+      report_(handler, counters_.get()) {}
 
 DatagramTransport::~DatagramTransport() = default;
 
@@ -199,7 +194,7 @@ absl::Status DatagramTransport::PostSend_st(PeerHandle peer, const SendSpec& spe
   }
   const JobTable::Entry& job = jobs_[c->job_index];
   if (!c->HasPending()) c->restart_progress = true;  // the silence before this post is no stall
-  Conn::PendingSend& s = c->Send(c->msg_post);
+  PendingSend& s = c->Send(c->msg_post);
   s.header = MakeDataHeader(job.creds.job_id, job.creds.local_rank, spec);
   s.header.seq = static_cast<uint32_t>(c->msg_post);
   s.payload = *payload;
@@ -305,7 +300,7 @@ bool DatagramTransport::SendNew(Conn& c, TimeNs now) {
       c.tx_started = true;
       c.tx_off = 0;
     }
-    Conn::PendingSend& m = c.Send(c.msg_tx);
+    PendingSend& m = c.Send(c.msg_tx);
     const bool first = c.tx_off == 0;
     const uint64_t left = m.header.length - c.tx_off;
     const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(first ? first_cap : cap, left));
@@ -320,12 +315,7 @@ bool DatagramTransport::SendNew(Conn& c, TimeNs now) {
       c.tx_started = false;
       ++c.msg_tx;
       c.msgs_sent = c.msg_tx;
-      const FrameHeader& h = m.header;
-      c.counters.bytes_sent.Add_st(h.length);
-      c.counters.frames_sent.Add_st(1);
-      counters_->total.bytes_sent.Add_st(h.length);
-      counters_->total.frames_sent.Add_st(1);
-      handler_->OnSendDone_st(SendCompletion{conns_.HandleOf(c), m.cookie, h.key, h.iteration, h.offset, h.length});
+      report_.SendLeft(conns_.HandleOf(c), c.counters, m);
       if (c.state != ConnState::kEstablished) return false;
     }
   }
@@ -334,7 +324,7 @@ bool DatagramTransport::SendNew(Conn& c, TimeNs now) {
 
 bool DatagramTransport::SendDataPacket(Conn& c, uint64_t seq) {
   const SendWindow::Packet& p = c.tx.packet(seq);
-  const Conn::PendingSend& m = c.Send(p.msg);
+  const PendingSend& m = c.Send(p.msg);
   struct {
     DgramHeader dh;
     FrameHeader fh;
@@ -449,22 +439,20 @@ bool DatagramTransport::Transmit(const Ipv4Endpoint& to, std::span<const uint8_t
 
 // ---- receive ----------------------------------------------------------------------------------
 
-void DatagramTransport::CountError(WireError e) { counters_->errors[static_cast<size_t>(e)].Add_st(1); }
-
 void DatagramTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const uint8_t> bytes, TimeNs now) {
   counters_->datagrams_received.Add_st(1);
   DgramHeader dh;
   if (bytes.size() < sizeof(dh)) {
-    CountError(WireError::kBadLength);
+    report_.CountError(WireError::kBadLength);
     return;
   }
   std::memcpy(&dh, bytes.data(), sizeof(dh));
   // Malformed datagrams are dropped and counted, never answered: anyone can send us a packet.
-  if (dh.magic != kDgramMagic) return CountError(WireError::kBadMagic);
-  if (dh.version != kDgramVersion) return CountError(WireError::kBadVersion);
-  if (dh.type < 1 || dh.type > kMaxDgramType) return CountError(WireError::kBadType);
-  if ((dh.flags & ~kKnownPktFlags) != 0) return CountError(WireError::kUnknownFlags);
-  if (dh.payload_bytes != bytes.size() - sizeof(dh) || dh.reserved != 0) return CountError(WireError::kBadLength);
+  if (dh.magic != kDgramMagic) return report_.CountError(WireError::kBadMagic);
+  if (dh.version != kDgramVersion) return report_.CountError(WireError::kBadVersion);
+  if (dh.type < 1 || dh.type > kMaxDgramType) return report_.CountError(WireError::kBadType);
+  if ((dh.flags & ~kKnownPktFlags) != 0) return report_.CountError(WireError::kUnknownFlags);
+  if (dh.payload_bytes != bytes.size() - sizeof(dh) || dh.reserved != 0) return report_.CountError(WireError::kBadLength);
   const std::span<const uint8_t> body = bytes.subspan(sizeof(dh));
   const DgramType type = static_cast<DgramType>(dh.type);
   if (type == DgramType::kHello) {
@@ -521,11 +509,11 @@ void DatagramTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh,
   if (!listening_) return;  // like a closed port: the dialer retries until its deadline
   FrameHeader fh;
   HelloBody b;
-  if (body.size() != sizeof(fh) + sizeof(b) || dh.src_conn == 0) return CountError(WireError::kBadLength);
+  if (body.size() != sizeof(fh) + sizeof(b) || dh.src_conn == 0) return report_.CountError(WireError::kBadLength);
   std::memcpy(&fh, body.data(), sizeof(fh));
   std::memcpy(&b, body.data() + sizeof(fh), sizeof(b));
   auto reject = [&](WireError code, const std::string& why) {
-    CountError(code);
+    report_.CountError(code);
     if (MayAnswerStranger(now)) SendError(from, dh.src_conn, nullptr, DgramType::kReject, fh.job_id, 0, code, why);
   };
   if (WireError e = CheckHeader(fh, options_.max_segment_bytes); e != WireError::kNone) {
@@ -570,15 +558,14 @@ void DatagramTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh,
   c->last_heard = c->last_progress = now;
   ++inbound_up_;
   UpdateCredit();
-  counters_->peers_up.Add_st(1);
   SendControl(from, dh.src_conn, c, DgramType::kHelloOk, MakeHeader(FrameType::kHelloOk, job.job_id, job.local_rank),
               nullptr, 0);
-  handler_->OnPeerUp_st(InfoOf(*c));
+  report_.PeerUp(InfoOf(*c));
 }
 
 void DatagramTransport::OnHelloOk(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now) {
   FrameHeader fh;
-  if (body.size() != sizeof(fh)) return CountError(WireError::kBadLength);
+  if (body.size() != sizeof(fh)) return report_.CountError(WireError::kBadLength);
   std::memcpy(&fh, body.data(), sizeof(fh));
   const JobCredentials& job = jobs_[c.job_index].creds;
   c.remote_conn = dh.src_conn;
@@ -590,8 +577,7 @@ void DatagramTransport::OnHelloOk(Conn& c, const DgramHeader& dh, std::span<cons
   c.tx.SetInitialCredit(dh.credit);
   c.state = ConnState::kEstablished;
   c.last_heard = c.last_progress = now;
-  counters_->peers_up.Add_st(1);
-  handler_->OnPeerUp_st(InfoOf(c));
+  report_.PeerUp(InfoOf(c));
 }
 
 void DatagramTransport::OnCloseOrReject(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body) {
@@ -616,21 +602,8 @@ bool DatagramTransport::OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now) 
   if (ack.advanced) c.last_progress = now;
   while (c.msg_acked < dh.msg_ack) {
     const uint64_t m = c.msg_acked++;
-    const Conn::PendingSend& s = c.Send(m);
-    const SendCompletion done{conns_.HandleOf(c), s.cookie, s.header.key, s.header.iteration, s.header.offset,
-                              s.header.length};
     c.last_progress = now;
-    c.counters.acks_received.Add_st(1);
-    counters_->total.acks_received.Add_st(1);
-    if (BitTest(dh.rejected, m)) {
-      c.counters.sends_failed.Add_st(1);
-      counters_->total.sends_failed.Add_st(1);
-      handler_->OnSendFailed_st(done, absl::FailedPreconditionError(absl::StrFormat(
-                                          "peer rank %d had no destination for key %d iteration %d",
-                                          c.peer_rank, done.key, done.iteration)));
-    } else {
-      handler_->OnSendAcked_st(done, now);
-    }
+    report_.SendAcked(conns_.HandleOf(c), c.peer_rank, c.counters, c.Send(m), BitTest(dh.rejected, m), now);
     if (c.state != ConnState::kEstablished) return false;
   }
   return true;
@@ -686,7 +659,7 @@ bool DatagramTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t 
       c.rx_dst = *dst;
     } else {
       c.rx_target.accept = false;
-      CountError(WireError::kNoTarget);
+      report_.CountError(WireError::kNoTarget);
     }
   } else if (!c.rx_in_msg || msg != c.rx.next_message()) {
     return violation(WireError::kUnexpectedFrame, "continuation of a segment not started");
@@ -708,14 +681,9 @@ bool DatagramTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t 
   c.rx_in_msg = false;
   const bool accepted = c.rx_target.accept;
   c.rx.CompleteMessage(accepted);
-  c.counters.acks_sent.Add_st(1);
-  counters_->total.acks_sent.Add_st(1);
+  report_.AckSent(c.counters);
   if (accepted) {
-    c.counters.bytes_received.Add_st(h.length);
-    c.counters.frames_received.Add_st(1);
-    counters_->total.bytes_received.Add_st(h.length);
-    counters_->total.frames_received.Add_st(1);
-    handler_->OnRecvDone_st(InfoOf(c), h, c.rx_target, now);
+    report_.Received(InfoOf(c), c.counters, h, c.rx_target, now);
     if (c.state != ConnState::kEstablished) return false;
   }
   return true;
@@ -724,7 +692,7 @@ bool DatagramTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t 
 // ---- teardown ---------------------------------------------------------------------------------
 
 void DatagramTransport::Refuse(Conn& c, WireError code, const absl::Status& why) {
-  if (code != WireError::kShutdown) CountError(code);
+  if (code != WireError::kShutdown) report_.CountError(code);
   if (c.state == ConnState::kEstablished || c.state == ConnState::kHelloSent) {
     const JobTable::Entry& job = jobs_[c.job_index];
     if (c.remote_conn != 0) {
@@ -759,20 +727,10 @@ void DatagramTransport::Teardown(Conn& c, const absl::Status& why) {
 }
 
 void DatagramTransport::FailPendingAndReportDown(Conn& c, const absl::Status& why) {
-  const bool report = c.known;
-  c.known = false;
-  while (c.msg_acked != c.msg_post) {
-    const Conn::PendingSend& s = c.Send(c.msg_acked++);
-    c.counters.sends_failed.Add_st(1);
-    counters_->total.sends_failed.Add_st(1);
-    handler_->OnSendFailed_st(
-        SendCompletion{conns_.HandleOf(c), s.cookie, s.header.key, s.header.iteration, s.header.offset, s.header.length},
-        why);
-  }
-  if (report) {
-    counters_->peers_down.Add_st(1);
-    handler_->OnPeerDown_st(InfoOf(c), why);
-  }
+  // Pending in post order: messages [msg_acked, msg_post).
+  report_.FailPendingAndReportDown(InfoOf(c), c.known, c.counters, [&c]() -> const PendingSend* {
+    return c.msg_acked != c.msg_post ? &c.Send(c.msg_acked++) : nullptr;
+  }, why);
 }
 
 DatagramTransport::Conn* DatagramTransport::AllocConn() {

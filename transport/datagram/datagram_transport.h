@@ -51,6 +51,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "transport/common/completions.h"
 #include "transport/common/connection_table.h"
 #include "transport/common/region_table.h"
 #include "transport/datagram/datagram_link.h"
@@ -181,8 +182,8 @@ class DatagramTransport final : public Transport, public DatagramSink {
   bool MayAnswerStranger(TimeNs now);
   static constexpr double kStrangerRepliesPerSecond = 1000;
   static constexpr double kStrangerReplyBurst = 64;
+  // Fails the pending sends, oldest first, and reports the peer down if the engine knows it.
   void FailPendingAndReportDown(Conn& c, const absl::Status& why);
-  void CountError(WireError e);
 
   const TransportOptions options_;
   DatagramOptions proto_;
@@ -206,6 +207,8 @@ class DatagramTransport final : public Transport, public DatagramSink {
   RegionTable regions_;
   struct Counters;
   std::unique_ptr<Counters> counters_;
+  // Peer up/down and send/receive completions, counted in counters_ as they are reported.
+  Completions report_;
 };
 
 }  // namespace gradlane::transport::datagram
