@@ -131,32 +131,31 @@ absl::StatusOr<uint16_t> DatagramTransport::Listen_st() {
 absl::Status DatagramTransport::AddJob_st(const JobCredentials& job) { return jobs_.Add(job); }
 
 absl::Status DatagramTransport::RemoveJob_st(uint64_t job_id) {
-  const int j = jobs_.Find(job_id);
-  if (j < 0) return absl::NotFoundError(absl::StrCat("job ", job_id, " is not registered"));
-  conns_.ForEach([&](Conn& c) {
-    if (c.job_index != j || c.state == ConnState::kDead || c.state == ConnState::kFree) return;
-    if (c.state == ConnState::kEstablished) {
-      SendError(c.addr, c.remote_conn, &c, DgramType::kClose, job_id, jobs_[j].creds.local_rank,
-                WireError::kShutdown, "job removed");
-    }
-    Teardown(c, absl::CancelledError(absl::StrCat("job ", job_id, " removed")));
+  const absl::Status removed = jobs_.Remove(job_id, [&](int j, const absl::Status& why) {
+    conns_.ForEach([&](Conn& c) {
+      if (c.job_index != j || c.state == ConnState::kDead || c.state == ConnState::kFree) return;
+      if (c.state == ConnState::kEstablished) {
+        SendError(c.addr, c.remote_conn, &c, DgramType::kClose, job_id, jobs_[j].creds.local_rank,
+                  WireError::kShutdown, "job removed");
+      }
+      Teardown(c, why);
+    });
   });
-  jobs_.Deactivate(j);
-  link_->Flush_st();
-  return absl::OkStatus();
+  if (removed.ok()) link_->Flush_st();  // the closes
+  return removed;
 }
 
 absl::StatusOr<PeerHandle> DatagramTransport::Connect_st(const JobCredentials& job, std::string_view address,
                                                          TimeNs now) {
-  const int j = jobs_.Find(job.job_id);
-  if (j < 0) return absl::FailedPreconditionError(absl::StrCat("job ", job.job_id, " not added"));
+  const absl::StatusOr<int> j = jobs_.FindToDial(job.job_id);
+  if (!j.ok()) return j.status();
   auto ep = ParseIpv4Endpoint(address);
   if (!ep.ok()) return ep.status();
   Conn* c = AllocConn();
   if (c == nullptr) return absl::ResourceExhaustedError("no free connection slot");
   c->inbound = false;
   c->known = true;
-  c->job_index = j;
+  c->job_index = *j;
   c->addr = *ep;
   c->addr_text = std::string(address);
   c->state = ConnState::kHelloSent;
