@@ -53,6 +53,7 @@
 #include "absl/status/statusor.h"
 #include "transport/common/completions.h"
 #include "transport/common/connection_table.h"
+#include "transport/common/job_table.h"
 #include "transport/common/region_table.h"
 #include "transport/datagram/datagram_link.h"
 #include "transport/datagram/datagram_wire.h"
@@ -60,7 +61,6 @@
 #include "transport/datagram/ipv4_udp.h"
 #include "transport/datagram/reorder_buffer.h"
 #include "transport/datagram/send_window.h"
-#include "transport/job_table.h"
 #include "transport/transport.h"
 
 namespace gradlane::transport::datagram {
