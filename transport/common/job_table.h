@@ -1,7 +1,7 @@
 // transport/common/job_table.h — the jobs a transport backend serves: each job's credentials (id,
 // local rank, world size, token) by id, at an index a connection keeps for its lifetime.
 //
-// Shared by every backend (TCP, the DPDK reliable protocol, the test fake) so they check
+// Shared by every backend (TCP, the datagram protocol under DPDK, the test fake) so they check
 // credentials the same way and give the same errors. Entries are never moved: a removed job's entry is marked
 // inactive and reused by a later Add, so an index held by a connection of a removed job still
 // names valid memory (the backend closes those connections when it removes the job).

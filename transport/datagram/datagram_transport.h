@@ -16,10 +16,13 @@
 //     options ask for it, to prove the rest;
 //   - ipv4_udp.h: addresses, and the IPv4/UDP framing the port puts around each datagram;
 //   - datagram_wire.h: the datagram header.
+// What every backend shares comes from transport/common/, as in TcpTransport: the connection
+// table (slots with generation-checked handles, for dialed and accepted peers), the job and
+// region tables, the hello and its refusals, completions and fail-pending-then-peer-down.
 // This class ties them together:
-//   - the connection table: slots with generation-checked handles, for dialed and accepted peers;
 //   - the handshake of the TCP backend (hello with job, rank, world and token → hello-ok or
-//     reject with the same WireError codes and statuses), keepalive probes so a vanished peer is
+//     reject with the same WireError codes and statuses: transport/common/hello.h) carried in
+//     datagrams and repeated until answered, keepalive probes so a vanished peer is
 //     noticed after peer_timeout even when idle, a best-effort close with a reason, and
 //     rate-limited answers to datagrams for no connection;
 //   - segmentation: a segment (FrameHeader + payload) becomes packets of the link's largest
