@@ -48,7 +48,7 @@ class ServerEnv {
     auto s = SessionServer::Create(o);
     EXPECT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
-    thread_ = std::thread([this] { server_->Run(stop_, 2); });
+    thread_ = std::thread([this] { server_->Run_st(stop_, 2); });
   }
   ~ServerEnv() {
     stop_.store(true);
