@@ -157,7 +157,7 @@ SessionServer::~SessionServer() {
   }
   {
     // Handed over but never adopted: closing their sockets tells those clients.
-    std::lock_guard<std::mutex> lock(handoff_mu_);
+    MutexLock lock(&handoff_mu_);
     handoff_.clear();
   }
   while (!sessions_.empty()) {
@@ -259,7 +259,7 @@ void SessionServer::AdoptHandedOff_st() {
   (void)!::read(handoff_fd_.get(), &count, sizeof(count));
   std::vector<std::unique_ptr<Live>> ready;
   {
-    std::lock_guard<std::mutex> lock(handoff_mu_);
+    MutexLock lock(&handoff_mu_);
     ready.swap(handoff_);
   }
   for (auto& live : ready) {
@@ -422,7 +422,7 @@ void SessionServer::DropPending(size_t i) {
 }
 
 bool SessionServer::TakeSessionSlot(uid_t uid) {
-  std::lock_guard<std::mutex> lock(uid_sessions_mu_);
+  MutexLock lock(&uid_sessions_mu_);
   uint32_t& n = sessions_per_uid_[uid];
   if (n >= options_.max_sessions_per_uid) return false;
   ++n;
@@ -430,7 +430,7 @@ bool SessionServer::TakeSessionSlot(uid_t uid) {
 }
 
 void SessionServer::ReleaseSessionSlot(uid_t uid) {
-  std::lock_guard<std::mutex> lock(uid_sessions_mu_);
+  MutexLock lock(&uid_sessions_mu_);
   auto it = sessions_per_uid_.find(uid);
   if (it != sessions_per_uid_.end() && --it->second == 0) sessions_per_uid_.erase(it);
 }
@@ -520,7 +520,7 @@ void SessionServer::HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf) 
   live_sessions_.fetch_add(1, std::memory_order_relaxed);
   sessions_accepted_.fetch_add(1, std::memory_order_relaxed);
   {
-    std::lock_guard<std::mutex> lock(handoff_mu_);
+    MutexLock lock(&handoff_mu_);
     handoff_.push_back(std::move(live));
   }
   const uint64_t one = 1;

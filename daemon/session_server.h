@@ -8,7 +8,8 @@
 //   destructor (or it runs once that thread has stopped). Create, Stats(), wait_fd(),
 //   socket_path() and MonotonicNow() may be called from any thread. The acceptor thread's state
 //   is its own; the two threads share only the hand-off queue and the per-uid session counts
-//   (each behind its own mutex) and relaxed atomic counters.
+//   (each behind its own Mutex, daemon/mutex.h, checked by clang's -Wthread-safety) and relaxed
+//   atomic counters.
 // - Control work off the engine thread: the server runs its own acceptor thread for accepting,
 //   hello validation, SO_PEERCRED checks and session creation (memfd arena, ring setup — the
 //   part that costs milliseconds for a large arena). A ready session is handed to the engine
@@ -45,14 +46,15 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/mutex.h"
 #include "daemon/session.h"
 #include "sched/types.h"
 
@@ -166,14 +168,15 @@ class SessionServer {
   SessionServer(SessionServerOptions options, PostSink* sink, shm::UniqueFd listener,
                 shm::UniqueFd epoll);
   int PollControl_st(sched::TimeNs now);
-  void AdoptHandedOff_st();
+  void AdoptHandedOff_st() ABSL_LOCKS_EXCLUDED(handoff_mu_);
   // Acceptor thread (not the engine's, so no `_st`: these touch only the acceptor's own state,
   // the hand-off queue under handoff_mu_, and atomics).
   void AcceptorLoop();
   void AcceptorWatch(int fd, uint64_t token, uint32_t events);
   // False when accept failed for a reason other than an empty backlog (EMFILE, ENOMEM).
   bool AcceptAll(sched::TimeNs now);
-  void HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf);
+  void HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf)
+      ABSL_LOCKS_EXCLUDED(handoff_mu_);
   // Sends a gl_hello_reply with `status` and `why` on `fd` (best effort) and counts it.
   void RejectHandshake(int fd, uint64_t request_id, gl_status status, Refusal reason,
                        const std::string& why);
@@ -185,10 +188,11 @@ class SessionServer {
   void FinishRefused(uint64_t token);
   // Per-uid session counts: taken by the acceptor, released by the acceptor (a session it could
   // not start) or the engine thread (a session closed).
-  bool TakeSessionSlot(uid_t uid);
-  void ReleaseSessionSlot(uid_t uid);
+  bool TakeSessionSlot(uid_t uid) ABSL_LOCKS_EXCLUDED(uid_sessions_mu_);
+  void ReleaseSessionSlot(uid_t uid) ABSL_LOCKS_EXCLUDED(uid_sessions_mu_);
   void HandleSessionSocket_st(uint64_t session_id, uint32_t events);
-  void CloseSession_st(uint64_t session_id, gl_status reason, const std::string& why);
+  void CloseSession_st(uint64_t session_id, gl_status reason, const std::string& why)
+      ABSL_LOCKS_EXCLUDED(uid_sessions_mu_);
   void Publish_st();
   // Registration in the engine's epoll set: epoll_ctl on a descriptor fixed at creation, so
   // any thread (Create registers the hand-off eventfd before the engine thread runs).
@@ -217,17 +221,17 @@ class SessionServer {
   };
   std::vector<Refused> refused_;  // acceptor thread only
   absl::flat_hash_map<uid_t, uint32_t> pending_per_uid_;  // acceptor thread only
-  std::mutex uid_sessions_mu_;
-  absl::flat_hash_map<uid_t, uint32_t> sessions_per_uid_;  // guarded by uid_sessions_mu_
-  std::mutex handoff_mu_;
-  std::vector<std::unique_ptr<Live>> handoff_;  // guarded by handoff_mu_
-  shm::UniqueFd handoff_fd_;                    // eventfd in epoll_: sessions wait in handoff_
+  Mutex uid_sessions_mu_;
+  absl::flat_hash_map<uid_t, uint32_t> sessions_per_uid_ ABSL_GUARDED_BY(uid_sessions_mu_);
+  Mutex handoff_mu_;
+  std::vector<std::unique_ptr<Live>> handoff_ ABSL_GUARDED_BY(handoff_mu_);
+  shm::UniqueFd handoff_fd_;  // eventfd in epoll_: sessions wait in handoff_
   // Counters shared without a lock (atomics, relaxed: each is a count of its own; Stats() reads
   // them from any thread). live_sessions_: raised by the acceptor (a session handed off),
   // lowered by the engine thread (a session closed), checked by the acceptor against
   // max_sessions. sessions_accepted_ to refused_by_reason_: the acceptor's.
   // control_messages_refused_: the engine thread's.
-  std::atomic<uint32_t> live_sessions_{0};      // adopted + handed off (max_sessions)
+  std::atomic<uint32_t> live_sessions_{0};  // adopted + handed off (max_sessions)
   std::atomic<uint64_t> sessions_accepted_{0};
   std::atomic<uint64_t> handshakes_rejected_{0};
   std::array<std::atomic<uint64_t>, GL_STATUS_COUNT> rejected_by_status_{};
