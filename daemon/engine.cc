@@ -65,7 +65,7 @@ Engine::~Engine() {
 
 int Engine::PollOnce_st(TimeNs now) {
   if (shut_down_) return 0;
-  int work = server_->PollOnce(now);
+  int work = server_->PollOnce_st(now);
   work += transport_->Progress_st(now, 0);
   if (now - last_housekeeping_ >= kHousekeepingInterval || housekeeping_due_) {
     last_housekeeping_ = now;
@@ -109,11 +109,11 @@ void Engine::Sleep_st() {
     }
     if (sleep_epoll_ >= 0 && !transport_->HasDeferredWork_st()) {
       bool woke = false;
-      if (server_->ArmForSleep(&timeout_ms)) {
+      if (server_->ArmForSleep_st(&timeout_ms)) {
         epoll_event events[2];
         woke = ::epoll_wait(sleep_epoll_, events, 2, timeout_ms) > 0;
       }
-      server_->DisarmAfterSleep(woke);
+      server_->DisarmAfterSleep_st(woke);
       return;
     }
   }
@@ -150,7 +150,7 @@ void Engine::Housekeeping_st(TimeNs now) {
       if (now >= job.release_at()) ReleaseJob_st(job);
       continue;
     }
-    job.Housekeeping_st(now, server_->FindSession(job.session_id()) != nullptr);
+    job.Housekeeping_st(now, server_->FindSession_st(job.session_id()) != nullptr);
   }
 }
 
@@ -241,13 +241,13 @@ void Engine::CompletePost_st(const PostDescriptor& post, gl_status status) {
   } else {
     counters_.posts_failed.Add_st(1);
   }
-  Session* s = server_ != nullptr ? server_->FindSession(post.session_id) : nullptr;
+  Session* s = server_ != nullptr ? server_->FindSession_st(post.session_id) : nullptr;
   if (s == nullptr) return;  // the client is gone; nobody to tell
-  (void)s->Complete(post, status);
-  s->FlushCompletions();
+  (void)s->Complete_st(post, status);
+  s->FlushCompletions_st();
 }
 
-void Engine::OnPost(Session& session, const PostDescriptor& post) {
+void Engine::OnPost_st(Session& session, const PostDescriptor& post) {
   JobRuntime* job = nullptr;
   const TimeNs now = SessionServer::MonotonicNow();
   if (auto it = job_by_session_.find(session.id()); it != job_by_session_.end()) {

@@ -85,7 +85,7 @@ class Engine final : public PostSink, public transport::TransportHandler, privat
   SessionServer& sessions() { return *server_; }
 
   // PostSink (engine thread, from inside the session server's poll).
-  void OnPost(Session& session, const PostDescriptor& post) override;
+  void OnPost_st(Session& session, const PostDescriptor& post) override;
 
   // TransportHandler (engine thread, from inside Progress_st / Disconnect_st): each finds the
   // job and hands the event to it.

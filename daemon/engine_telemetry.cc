@@ -16,7 +16,7 @@ void Engine::PublishTelemetry_st(sched::TimeNs now) {
   for (const auto& jp : jobs_) {
     if (jp == nullptr) continue;
     if (s.jobs.size() <= n) s.jobs.emplace_back();
-    jp->FillSnapshot_st(s.jobs[n++], server_->FindSession(jp->session_id()) != nullptr);
+    jp->FillSnapshot_st(s.jobs[n++], server_->FindSession_st(jp->session_id()) != nullptr);
   }
   s.job_count = n;
   tm.PublishSnapshot_st();

@@ -67,7 +67,7 @@ uint64_t Fingerprint(const std::vector<TensorInfo>& tensors, uint32_t world_size
 
 JobError BuildJobPlan(const Session& session, const std::string& default_policy,
                       uint64_t partition_bytes, ps::ReduceOp reduce, JobPlan* plan) {
-  const JobInfo* info = session.job();
+  const JobInfo* info = session.job_st();
   if (info == nullptr) return {GL_E_NO_JOB, "no job registered in this session"};
   plan->info = *info;
   plan->wire_id = WireJobId(info->job_id);
@@ -91,7 +91,7 @@ JobError BuildJobPlan(const Session& session, const std::string& default_policy,
   }
   plan->rank = static_cast<uint16_t>(info->rank);
   plan->world = static_cast<uint16_t>(info->world_size);
-  const std::vector<TensorInfo>& tensors = session.tensors();
+  const std::vector<TensorInfo>& tensors = session.tensors_st();
   if (tensors.empty()) {
     return {GL_E_NO_JOB, absl::StrCat("job ", id, ": no tensors registered before the first post")};
   }

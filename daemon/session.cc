@@ -107,8 +107,8 @@ absl::Status Session::SendHelloReply(uint64_t request_id) {
   return s;
 }
 
-absl::Status Session::Reply(uint32_t type, uint64_t request_id, gl_status status,
-                            const std::string& msg, uint64_t v0, uint64_t v1, uint64_t v2) {
+absl::Status Session::Reply_st(uint32_t type, uint64_t request_id, gl_status status,
+                               const std::string& msg, uint64_t v0, uint64_t v1, uint64_t v2) {
   gl_reply r{};
   r.header.type = type;
   r.header.length = sizeof(r);
@@ -121,41 +121,43 @@ absl::Status Session::Reply(uint32_t type, uint64_t request_id, gl_status status
   return shm::SendMessage(socket_.get(), &r, sizeof(r));
 }
 
-void Session::SendGoodbye(gl_status status, const std::string& why) {
-  (void)Reply(GL_MSG_GOODBYE, 0, status, why);
+void Session::SendGoodbye_st(gl_status status, const std::string& why) {
+  (void)Reply_st(GL_MSG_GOODBYE, 0, status, why);
 }
 
-absl::Status Session::RefuseControl(uint64_t request_id, gl_status status, const std::string& why) {
-  return Reply(GL_MSG_REPLY, request_id, status, why);
+absl::Status Session::RefuseControl_st(uint64_t request_id, gl_status status,
+                                       const std::string& why) {
+  return Reply_st(GL_MSG_REPLY, request_id, status, why);
 }
 
-absl::Status Session::HandleControl(const void* message, size_t length) {
+absl::Status Session::HandleControl_st(const void* message, size_t length) {
   gl_msg_header h;
   if (length < sizeof(h)) {
-    return Reply(GL_MSG_REPLY, 0, GL_E_PROTOCOL,
+    return Reply_st(GL_MSG_REPLY, 0, GL_E_PROTOCOL,
                  absl::StrCat("control message of ", length, " bytes is shorter than its header"));
   }
   std::memcpy(&h, message, sizeof(h));
   if (h.length != length) {
-    return Reply(GL_MSG_REPLY, h.request_id, GL_E_PROTOCOL,
+    return Reply_st(GL_MSG_REPLY, h.request_id, GL_E_PROTOCOL,
                  absl::StrCat("header says ", h.length, " bytes, message has ", length));
   }
   switch (h.type) {
     case GL_MSG_REGISTER_JOB:
-      return HandleRegisterJob(message, length, h.request_id);
+      return HandleRegisterJob_st(message, length, h.request_id);
     case GL_MSG_REGISTER_TENSOR:
-      return HandleRegisterTensor(message, length, h.request_id);
+      return HandleRegisterTensor_st(message, length, h.request_id);
     case GL_MSG_HELLO:
-      return Reply(GL_MSG_REPLY, h.request_id, GL_E_PROTOCOL, "session already established");
+      return Reply_st(GL_MSG_REPLY, h.request_id, GL_E_PROTOCOL, "session already established");
     default:
-      return Reply(GL_MSG_REPLY, h.request_id, GL_E_PROTOCOL,
+      return Reply_st(GL_MSG_REPLY, h.request_id, GL_E_PROTOCOL,
                    absl::StrCat("unknown control message type ", h.type));
   }
 }
 
-absl::Status Session::HandleRegisterJob(const void* message, size_t length, uint64_t request_id) {
+absl::Status Session::HandleRegisterJob_st(const void* message, size_t length,
+                                           uint64_t request_id) {
   auto fail = [&](gl_status s, const std::string& why) {
-    return Reply(GL_MSG_REPLY, request_id, s, why);
+    return Reply_st(GL_MSG_REPLY, request_id, s, why);
   };
   gl_msg_register_job m;
   if (length < sizeof(m)) return fail(GL_E_PROTOCOL, "register_job message too short");
@@ -199,13 +201,13 @@ absl::Status Session::HandleRegisterJob(const void* message, size_t length, uint
   job->rank = m.rank;
   job->world_size = m.world_size;
   job_ = std::move(job);
-  return Reply(GL_MSG_REPLY, request_id, GL_OK, "job registered");
+  return Reply_st(GL_MSG_REPLY, request_id, GL_OK, "job registered");
 }
 
-absl::Status Session::HandleRegisterTensor(const void* message, size_t length,
-                                           uint64_t request_id) {
+absl::Status Session::HandleRegisterTensor_st(const void* message, size_t length,
+                                              uint64_t request_id) {
   auto fail = [&](gl_status s, const std::string& why) {
-    return Reply(GL_MSG_REPLY, request_id, s, why);
+    return Reply_st(GL_MSG_REPLY, request_id, s, why);
   };
   gl_msg_register_tensor m;
   if (length != sizeof(m)) return fail(GL_E_PROTOCOL, "register_tensor message has the wrong size");
@@ -241,10 +243,10 @@ absl::Status Session::HandleRegisterTensor(const void* message, size_t length,
   tensor_by_name_.emplace(t.name, t.id);
   tensors_.push_back(std::move(t));
   const TensorInfo& r = tensors_.back();
-  return Reply(GL_MSG_REPLY, request_id, GL_OK, "tensor registered", r.id, r.offset, r.bytes);
+  return Reply_st(GL_MSG_REPLY, request_id, GL_OK, "tensor registered", r.id, r.offset, r.bytes);
 }
 
-bool Session::RingHeadersIntact() const {
+bool Session::RingHeadersIntact_st() const {
   // The constants are re-read each poll: a client that scribbles on them is broken, even if
   // the daemon itself only uses its private copies.
   const gl_ring_header* rings[2] = {sq_header_, cq_header_};
@@ -258,7 +260,7 @@ bool Session::RingHeadersIntact() const {
   return true;
 }
 
-gl_status Session::Validate(const gl_sqe& e, PostDescriptor* post) {
+gl_status Session::Validate_st(const gl_sqe& e, PostDescriptor* post) {
   post->session_id = id_;
   post->tensor_id = e.tensor_id;
   post->iteration = e.iteration;
@@ -312,9 +314,9 @@ bool TensorInfo::RecordPosted(uint64_t begin, uint64_t end) {
   return true;
 }
 
-uint32_t Session::PollSubmissions(PostSink* sink, uint32_t budget, bool* corrupt) {
+uint32_t Session::PollSubmissions_st(PostSink* sink, uint32_t budget, bool* corrupt) {
   *corrupt = false;
-  if (!RingHeadersIntact()) {
+  if (!RingHeadersIntact_st()) {
     *corrupt = true;
     return 0;
   }
@@ -343,22 +345,22 @@ uint32_t Session::PollSubmissions(PostSink* sink, uint32_t budget, bool* corrupt
     ++taken;
     ++reserved_;
     PostDescriptor post;
-    const gl_status s = Validate(e, &post);
+    const gl_status s = Validate_st(e, &post);
     if (s != GL_OK) {
       ++counters_.bad_descriptors[s];
-      if (!Complete(post, s).ok()) {
+      if (!Complete_st(post, s).ok()) {
         *corrupt = true;
         break;
       }
       continue;
     }
     ++counters_.posts_ok;
-    sink->OnPost(*this, post);
+    sink->OnPost_st(*this, post);
   }
   return taken;
 }
 
-absl::Status Session::Complete(const PostDescriptor& post, gl_status status) {
+absl::Status Session::Complete_st(const PostDescriptor& post, gl_status status) {
   if (reserved_ == 0) return absl::FailedPreconditionError("no completion slot reserved");
   gl_cqe c{};
   c.user_data = post.user_data;
@@ -379,13 +381,13 @@ absl::Status Session::Complete(const PostDescriptor& post, gl_status status) {
   return absl::OkStatus();
 }
 
-void Session::FlushCompletions() {
+void Session::FlushCompletions_st() {
   if (!cq_dirty_) return;
   cq_dirty_ = false;
   cq_bell_.NotifyIfArmed();
 }
 
-bool Session::ArmSubmissionDoorbell() {
+bool Session::ArmSubmissionDoorbell_st() {
   sq_bell_.Arm();
   if (sq_.HasEntry()) {
     sq_bell_.Disarm();

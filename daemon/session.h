@@ -2,18 +2,22 @@
 // doorbells, its job and tensors, validation of everything the client writes, completions.
 //
 // Guarantees:
-// - Thread rules: a Session belongs to the engine thread that polls it (every method is `_st`
-//   in spirit: engine thread only). Nothing here locks.
+// - Thread rules: Create() and SendHelloReply() run on the thread that creates the session (the
+//   session server's acceptor thread); the server then hands it to the engine thread through
+//   its locked queue (which orders everything before it), and from then on the session belongs
+//   to that thread: every `_st` method and accessor is for it only. The accessors without the
+//   suffix (id, fds, peer, arena) return what is fixed at creation: any thread. PostSink's
+//   OnPost_st runs on the engine thread. Nothing here locks.
 // - Shared memory is hostile. Each submission is copied out of the ring once, then checked
 //   (opcode, reserved fields, job, tensor id, range, element alignment, iteration order); a
 //   bad one is answered with an error completion and counted, and the session goes on. An
-//   inconsistent ring header or index is fatal for this session only (PollSubmissions reports
-//   it; the server then closes the session with GL_E_RING_CORRUPT).
+//   inconsistent ring header or index is fatal for this session only (PollSubmissions_st
+//   reports it; the server then closes the session with GL_E_RING_CORRUPT).
 // - Backpressure, never blocking: every submission taken from the ring reserves a completion
-//   slot first, so Complete() can always post. When the client stops draining completions,
+//   slot first, so Complete_st() can always post. When the client stops draining completions,
 //   the daemon stops taking submissions and the client's ring fills (gl_post -> GL_E_AGAIN).
-// - Data path (PollSubmissions, Complete, FlushCompletions) does not allocate; control path
-//   (HandleControl) may, and answers with a gl_reply carrying a gl_status and a message.
+// - Data path (PollSubmissions_st, Complete_st, FlushCompletions_st) does not allocate; control
+//   path (HandleControl_st) may, and answers with a gl_reply carrying a gl_status and a message.
 #ifndef GRADLANE_DAEMON_SESSION_H_
 #define GRADLANE_DAEMON_SESSION_H_
 
@@ -84,12 +88,13 @@ struct PostDescriptor {
 
 class Session;
 
-// Receives valid posts. The engine must eventually call Session::Complete() exactly once per
-// descriptor (a completion slot is already reserved for it).
+// Receives valid posts (engine thread, from inside Session::PollSubmissions_st). The engine must
+// eventually call Session::Complete_st() exactly once per descriptor (a completion slot is
+// already reserved for it).
 class PostSink {
  public:
   virtual ~PostSink() = default;
-  virtual void OnPost(Session& session, const PostDescriptor& post) = 0;
+  virtual void OnPost_st(Session& session, const PostDescriptor& post) = 0;
 };
 
 // Per-session counters (engine thread; the server aggregates them into atomics).
@@ -117,64 +122,67 @@ class Session {
                                                          uint64_t arena_bytes);
 
   // Sends the hello reply with the arena memfd and both doorbell fds, then drops this side's
-  // copy of the memfd (the mapping stays).
+  // copy of the memfd (the mapping stays). On the creating thread, before the hand-off.
   absl::Status SendHelloReply(uint64_t request_id);
   // Replies `status` to a control message the server could not even read (too long, too many
   // fds), so that no request goes unanswered.
-  absl::Status RefuseControl(uint64_t request_id, gl_status status, const std::string& why);
+  absl::Status RefuseControl_st(uint64_t request_id, gl_status status, const std::string& why);
 
   // Handles one control message received on the socket (anything after the hello) and sends
   // the reply. Returns an error only if the socket failed (the session should be closed).
-  absl::Status HandleControl(const void* message, size_t length);
+  absl::Status HandleControl_st(const void* message, size_t length);
 
   // Takes up to `budget` submissions. Valid ones go to `sink`; bad ones get an error
   // completion. Returns how many were taken; `*corrupt` is set when the client broke its ring.
-  uint32_t PollSubmissions(PostSink* sink, uint32_t budget, bool* corrupt);
+  uint32_t PollSubmissions_st(PostSink* sink, uint32_t budget, bool* corrupt);
 
   // Posts the completion of a descriptor handed to a sink (or an error for one). Never blocks.
   // FailedPrecondition if no slot was reserved; DataLoss if the client corrupted the ring.
-  absl::Status Complete(const PostDescriptor& post, gl_status status);
+  absl::Status Complete_st(const PostDescriptor& post, gl_status status);
 
   // Rings the client's completion doorbell if it sleeps and something was posted since the
   // last flush. One check per batch rather than per completion.
-  void FlushCompletions();
+  void FlushCompletions_st();
 
   // Sleep protocol on the submission ring (see shm/doorbell.h). Arm returns false, leaving
   // the doorbell disarmed, when a submission is already waiting.
-  bool ArmSubmissionDoorbell();
-  void DisarmSubmissionDoorbell() { sq_bell_.Disarm(); }
-  void DrainSubmissionDoorbell() { sq_bell_.Drain(); }
+  bool ArmSubmissionDoorbell_st();
+  void DisarmSubmissionDoorbell_st() { sq_bell_.Disarm(); }
+  void DrainSubmissionDoorbell_st() { sq_bell_.Drain(); }
 
   // Best-effort unsolicited gl_reply (GL_MSG_GOODBYE) before the server closes the session.
-  void SendGoodbye(gl_status status, const std::string& why);
+  void SendGoodbye_st(gl_status status, const std::string& why);
 
+  // Fixed at creation: any thread.
   uint64_t id() const { return id_; }
   int socket_fd() const { return socket_.get(); }
   int sq_doorbell_fd() const { return sq_efd_.get(); }
   const shm::PeerCredentials& peer() const { return peer_; }
-  const JobInfo* job() const { return job_ ? job_.get() : nullptr; }
-  const std::vector<TensorInfo>& tensors() const { return tensors_; }
-  const SessionCounters& counters() const { return counters_; }
   uint64_t arena_bytes() const { return arena_.size(); }
-  uint64_t tensor_bytes_in_use() const { return allocator_.bytes_in_use(); }
   uint8_t* arena_base() const { return arena_.base(); }  // for the engine (tensor data)
-  uint32_t reserved_completions() const { return reserved_; }
+
+  // What the control and data paths change: engine thread.
+  const JobInfo* job_st() const { return job_ ? job_.get() : nullptr; }
+  const std::vector<TensorInfo>& tensors_st() const { return tensors_; }
+  const SessionCounters& counters_st() const { return counters_; }
+  uint64_t tensor_bytes_in_use_st() const { return allocator_.bytes_in_use(); }
+  uint32_t reserved_completions_st() const { return reserved_; }
   // True when the last poll stopped because the client left no completion slot free. The
   // client has no doorbell towards the daemon for that, so the server re-polls it on a timer.
-  bool completion_stalled() const { return cq_stalled_; }
+  bool completion_stalled_st() const { return cq_stalled_; }
 
   // Checks one descriptor copy; on success fills `*post` and advances the tensor's iteration.
-  gl_status Validate(const gl_sqe& e, PostDescriptor* post);
+  gl_status Validate_st(const gl_sqe& e, PostDescriptor* post);
 
  private:
   Session(uint64_t id, shm::UniqueFd socket, shm::PeerCredentials peer, shm::Arena arena,
           uint32_t ring_slots, const Layout& layout, shm::UniqueFd sq_efd, shm::UniqueFd cq_efd);
 
-  absl::Status Reply(uint32_t type, uint64_t request_id, gl_status status, const std::string& msg,
-                     uint64_t v0 = 0, uint64_t v1 = 0, uint64_t v2 = 0);
-  absl::Status HandleRegisterJob(const void* message, size_t length, uint64_t request_id);
-  absl::Status HandleRegisterTensor(const void* message, size_t length, uint64_t request_id);
-  bool RingHeadersIntact() const;
+  absl::Status Reply_st(uint32_t type, uint64_t request_id, gl_status status,
+                        const std::string& msg, uint64_t v0 = 0, uint64_t v1 = 0, uint64_t v2 = 0);
+  absl::Status HandleRegisterJob_st(const void* message, size_t length, uint64_t request_id);
+  absl::Status HandleRegisterTensor_st(const void* message, size_t length, uint64_t request_id);
+  bool RingHeadersIntact_st() const;
 
   const uint64_t id_;
   shm::UniqueFd socket_;

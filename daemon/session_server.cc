@@ -84,9 +84,9 @@ struct SessionServer::Live {
 
 class SessionServer::LoopbackSink : public PostSink {
  public:
-  void OnPost(Session& session, const PostDescriptor& post) override {
-    // Cannot fail: PollSubmissions reserved the slot. A corrupt ring shows up on the next poll.
-    (void)session.Complete(post, GL_OK);
+  void OnPost_st(Session& session, const PostDescriptor& post) override {
+    // Cannot fail: PollSubmissions_st reserved the slot. A corrupt ring shows up on the next poll.
+    (void)session.Complete_st(post, GL_OK);
   }
 };
 
@@ -157,11 +157,11 @@ SessionServer::~SessionServer() {
   }
   {
     // Handed over but never adopted: closing their sockets tells those clients.
-    std::lock_guard<std::mutex> lock(handoff_mu_);
+    MutexLock lock(&handoff_mu_);
     handoff_.clear();
   }
   while (!sessions_.empty()) {
-    CloseSession(sessions_.back()->session->id(), GL_E_DISCONNECTED, "daemon shutting down");
+    CloseSession_st(sessions_.back()->session->id(), GL_E_DISCONNECTED, "daemon shutting down");
   }
   shm::ReleaseSocketPath(options_.socket_path, std::move(path_lock_));
 }
@@ -186,37 +186,37 @@ void SessionServer::Unwatch(int fd) {
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
 }
 
-Session* SessionServer::FindSession(uint64_t id) {
+Session* SessionServer::FindSession_st(uint64_t id) {
   for (auto& l : sessions_) {
     if (l->session->id() == id) return l->session.get();
   }
   return nullptr;
 }
 
-int SessionServer::PollOnce(sched::TimeNs now) {
+int SessionServer::PollOnce_st(sched::TimeNs now) {
   int work = 0;
   if (control_pending_ || now - last_control_ >= options_.control_interval) {
-    work += PollControl(now);
+    work += PollControl_st(now);
   }
   for (size_t i = 0; i < sessions_.size();) {
     Session& s = *sessions_[i]->session;
     bool corrupt = false;
-    work += static_cast<int>(s.PollSubmissions(sink_, options_.poll_budget, &corrupt));
-    s.FlushCompletions();
+    work += static_cast<int>(s.PollSubmissions_st(sink_, options_.poll_budget, &corrupt));
+    s.FlushCompletions_st();
     if (corrupt) {
       ++totals_.corrupt_disconnects;
-      CloseSession(s.id(), GL_E_RING_CORRUPT,
+      CloseSession_st(s.id(), GL_E_RING_CORRUPT,
                    "ring header or index inconsistent: the client corrupted shared memory");
       work += 1;
       continue;  // sessions_[i] now holds another session
     }
     ++i;
   }
-  if (work > 0) Publish();
+  if (work > 0) Publish_st();
   return work;
 }
 
-int SessionServer::PollControl(sched::TimeNs now) {
+int SessionServer::PollControl_st(sched::TimeNs now) {
   last_control_ = now;
   control_pending_ = false;
   int work = 0;
@@ -227,7 +227,7 @@ int SessionServer::PollControl(sched::TimeNs now) {
     ++work;
     switch (TokenKind(t)) {
       case kHandoff:
-        AdoptHandedOff();
+        AdoptHandedOff_st();
         break;
       case kListener:
       case kPending:
@@ -235,31 +235,31 @@ int SessionServer::PollControl(sched::TimeNs now) {
       case kRefused:
         break;  // the acceptor thread's
       case kSocket:
-        HandleSessionSocket(TokenId(t), events[i].events);
+        HandleSessionSocket_st(TokenId(t), events[i].events);
         break;
       case kPidfd:
-        if (FindSession(TokenId(t)) != nullptr) {
+        if (FindSession_st(TokenId(t)) != nullptr) {
           ++totals_.clients_died;
-          CloseSession(TokenId(t), GL_E_DISCONNECTED, "client process exited");
+          CloseSession_st(TokenId(t), GL_E_DISCONNECTED, "client process exited");
         }
         break;
       case kDoorbell:
-        if (Session* s = FindSession(TokenId(t))) s->DrainSubmissionDoorbell();
+        if (Session* s = FindSession_st(TokenId(t))) s->DrainSubmissionDoorbell_st();
         --work;  // a wake-up, not work: the ring poll counts the descriptors
         break;
     }
   }
   if (n == 64) control_pending_ = true;  // more may be waiting
-  if (work > 0) Publish();
+  if (work > 0) Publish_st();
   return work;
 }
 
-void SessionServer::AdoptHandedOff() {
+void SessionServer::AdoptHandedOff_st() {
   uint64_t count = 0;
   (void)!::read(handoff_fd_.get(), &count, sizeof(count));
   std::vector<std::unique_ptr<Live>> ready;
   {
-    std::lock_guard<std::mutex> lock(handoff_mu_);
+    MutexLock lock(&handoff_mu_);
     ready.swap(handoff_);
   }
   for (auto& live : ready) {
@@ -422,7 +422,7 @@ void SessionServer::DropPending(size_t i) {
 }
 
 bool SessionServer::TakeSessionSlot(uid_t uid) {
-  std::lock_guard<std::mutex> lock(uid_sessions_mu_);
+  MutexLock lock(&uid_sessions_mu_);
   uint32_t& n = sessions_per_uid_[uid];
   if (n >= options_.max_sessions_per_uid) return false;
   ++n;
@@ -430,7 +430,7 @@ bool SessionServer::TakeSessionSlot(uid_t uid) {
 }
 
 void SessionServer::ReleaseSessionSlot(uid_t uid) {
-  std::lock_guard<std::mutex> lock(uid_sessions_mu_);
+  MutexLock lock(&uid_sessions_mu_);
   auto it = sessions_per_uid_.find(uid);
   if (it != sessions_per_uid_.end() && --it->second == 0) sessions_per_uid_.erase(it);
 }
@@ -520,15 +520,15 @@ void SessionServer::HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf) 
   live_sessions_.fetch_add(1, std::memory_order_relaxed);
   sessions_accepted_.fetch_add(1, std::memory_order_relaxed);
   {
-    std::lock_guard<std::mutex> lock(handoff_mu_);
+    MutexLock lock(&handoff_mu_);
     handoff_.push_back(std::move(live));
   }
   const uint64_t one = 1;
   (void)!::write(handoff_fd_.get(), &one, sizeof(one));
 }
 
-void SessionServer::HandleSessionSocket(uint64_t session_id, uint32_t events) {
-  Session* s = FindSession(session_id);
+void SessionServer::HandleSessionSocket_st(uint64_t session_id, uint32_t events) {
+  Session* s = FindSession_st(session_id);
   if (s == nullptr) return;
   // Drain every message first: a client may send a request and close right away.
   for (int i = 0; i < 64; ++i) {
@@ -545,41 +545,41 @@ void SessionServer::HandleSessionSocket(uint64_t session_id, uint32_t events) {
         gl_msg_header h;
         std::memcpy(&h, rx_buf_.data(), sizeof(h));
         control_messages_refused_.fetch_add(1, std::memory_order_relaxed);
-        if (!s->RefuseControl(h.request_id, GL_E_PROTOCOL,
+        if (!s->RefuseControl_st(h.request_id, GL_E_PROTOCOL,
                               absl::StrCat("control message refused: ", rx.status().message(),
                                            " (at most ", GL_MAX_CONTROL_MESSAGE, " bytes and ",
                                            shm::kMaxPassedFds, " file descriptors)"))
                  .ok()) {
           ++totals_.clients_died;
-          CloseSession(session_id, GL_E_IO, "reply failed");
+          CloseSession_st(session_id, GL_E_IO, "reply failed");
           return;
         }
         continue;
       }
       ++totals_.clients_died;
-      CloseSession(session_id, GL_E_IO, std::string(rx.status().message()));
+      CloseSession_st(session_id, GL_E_IO, std::string(rx.status().message()));
       return;
     }
     if (rx->eof) {
       ++totals_.clients_died;
-      CloseSession(session_id, GL_E_DISCONNECTED, "client closed the socket");
+      CloseSession_st(session_id, GL_E_DISCONNECTED, "client closed the socket");
       return;
     }
-    if (!s->HandleControl(rx_buf_.data(), rx->bytes).ok()) {
+    if (!s->HandleControl_st(rx_buf_.data(), rx->bytes).ok()) {
       ++totals_.clients_died;
-      CloseSession(session_id, GL_E_IO, "reply failed");
+      CloseSession_st(session_id, GL_E_IO, "reply failed");
       return;
     }
   }
   if ((events & (EPOLLHUP | EPOLLERR)) != 0) {
     ++totals_.clients_died;
-    CloseSession(session_id, GL_E_DISCONNECTED, "client socket hung up");
+    CloseSession_st(session_id, GL_E_DISCONNECTED, "client socket hung up");
   } else {
     control_pending_ = true;  // stopped at 64 messages, or a hang-up arrives with the data
   }
 }
 
-void SessionServer::CloseSession(uint64_t session_id, gl_status reason, const std::string& why) {
+void SessionServer::CloseSession_st(uint64_t session_id, gl_status reason, const std::string& why) {
   auto it = std::find_if(sessions_.begin(), sessions_.end(),
                          [&](const auto& l) { return l->session->id() == session_id; });
   if (it == sessions_.end()) return;
@@ -587,12 +587,12 @@ void SessionServer::CloseSession(uint64_t session_id, gl_status reason, const st
   *it = std::move(sessions_.back());
   sessions_.pop_back();
   Session& s = *live->session;
-  if (reason != GL_E_DISCONNECTED) s.SendGoodbye(reason, why);
+  if (reason != GL_E_DISCONNECTED) s.SendGoodbye_st(reason, why);
   Unwatch(s.socket_fd());
   Unwatch(s.sq_doorbell_fd());
   if (live->pidfd.valid()) Unwatch(live->pidfd.get());
   // Keep the session's counters in the totals; its arena, fds and tensor ids go with it.
-  const SessionCounters& c = s.counters();
+  const SessionCounters& c = s.counters_st();
   totals_.posts_ok += c.posts_ok;
   totals_.completions += c.completions;
   for (int k = 0; k < GL_STATUS_COUNT; ++k) {
@@ -603,48 +603,50 @@ void SessionServer::CloseSession(uint64_t session_id, gl_status reason, const st
   live_sessions_.fetch_sub(1, std::memory_order_relaxed);
   ReleaseSessionSlot(s.peer().uid);
   live.reset();
-  Publish();
+  Publish_st();
 }
 
-bool SessionServer::ArmForSleep(int* timeout_ms) {
+bool SessionServer::ArmForSleep_st(int* timeout_ms) {
   for (auto& l : sessions_) {
     Session& s = *l->session;
-    if (s.completion_stalled()) {
+    if (s.completion_stalled_st()) {
       // The client frees completion slots without a doorbell towards us: re-poll soon.
       *timeout_ms = *timeout_ms < 0 || *timeout_ms > 1 ? 1 : *timeout_ms;
       continue;
     }
-    if (!s.ArmSubmissionDoorbell()) return false;  // a submission is already waiting
+    if (!s.ArmSubmissionDoorbell_st()) return false;  // a submission is already waiting
   }
   return true;
 }
 
-void SessionServer::DisarmAfterSleep(bool woke) {
+void SessionServer::DisarmAfterSleep_st(bool woke) {
   if (woke) control_pending_ = true;
-  for (size_t i = 0; i < sessions_.size(); ++i) sessions_[i]->session->DisarmSubmissionDoorbell();
+  for (size_t i = 0; i < sessions_.size(); ++i) {
+    sessions_[i]->session->DisarmSubmissionDoorbell_st();
+  }
 }
 
-void SessionServer::Wait(int timeout_ms) {
+void SessionServer::Wait_st(int timeout_ms) {
   bool woke = false;
-  if (ArmForSleep(&timeout_ms)) {
+  if (ArmForSleep_st(&timeout_ms)) {
     epoll_event events[1];
     woke = ::epoll_wait(epoll_.get(), events, 1, timeout_ms) != 0;
   }
-  DisarmAfterSleep(woke);
+  DisarmAfterSleep_st(woke);
 }
 
-void SessionServer::Run(const std::atomic<bool>& stop, int idle_ms) {
+void SessionServer::Run_st(const std::atomic<bool>& stop, int idle_ms) {
   while (!stop.load(std::memory_order_acquire)) {
-    if (PollOnce(MonotonicNow()) == 0) Wait(idle_ms);
+    if (PollOnce_st(MonotonicNow()) == 0) Wait_st(idle_ms);
   }
 }
 
-void SessionServer::Publish() {
+void SessionServer::Publish_st() {
   SessionServerStats t = totals_;
   t.sessions_active = sessions_.size();
   for (auto& l : sessions_) {
     const Session& s = *l->session;
-    const SessionCounters& c = s.counters();
+    const SessionCounters& c = s.counters_st();
     t.posts_ok += c.posts_ok;
     t.completions += c.completions;
     for (int k = 0; k < GL_STATUS_COUNT; ++k) {
@@ -652,7 +654,7 @@ void SessionServer::Publish() {
       t.bad_descriptors += c.bad_descriptors[k];
     }
     t.arena_bytes_mapped += s.arena_bytes();
-    t.tensors_registered += s.tensors().size();
+    t.tensors_registered += s.tensors_st().size();
   }
   const uint64_t scalars[10] = {t.sessions_accepted, t.sessions_active, t.sessions_closed,
                                 t.clients_died, t.corrupt_disconnects, t.handshakes_rejected,

@@ -3,8 +3,13 @@
 // reclamation, and a poll loop an engine thread drives.
 //
 // Guarantees:
-// - Thread rules: PollOnce(), Wait() and every accessor of sessions are for the one engine
-//   thread that owns the server (`_st`). Stats() may be called from any thread.
+// - Thread rules: every `_st` method (PollOnce_st, Wait_st, the sleep halves, FindSession_st,
+//   session_count_st, Run_st) is for the one engine thread that owns the server; so is the
+//   destructor (or it runs once that thread has stopped). Create, Stats(), wait_fd(),
+//   socket_path() and MonotonicNow() may be called from any thread. The acceptor thread's state
+//   is its own; the two threads share only the hand-off queue and the per-uid session counts
+//   (each behind its own Mutex, daemon/mutex.h, checked by clang's -Wthread-safety) and relaxed
+//   atomic counters.
 // - Control work off the engine thread: the server runs its own acceptor thread for accepting,
 //   hello validation, SO_PEERCRED checks and session creation (memfd arena, ring setup — the
 //   part that costs milliseconds for a large arena). A ready session is handed to the engine
@@ -26,7 +31,7 @@
 // - Every control message on a session gets a reply, a refused one included (too long for
 //   GL_MAX_CONTROL_MESSAGE, or carrying file descriptors beyond what a message may pass).
 // - Death: each session is watched through a pidfd (pidfd_open of the SO_PEERCRED pid) and its
-//   socket (hang-up). With PollOnce() called at least every `control_interval` (or Wait()
+//   socket (hang-up). With PollOnce_st() called at least every `control_interval` (or Wait_st()
 //   sleeping), a dead client is noticed within that interval, and its arena, ids and counters
 //   are released at once. A client that corrupts its ring is disconnected (GL_MSG_GOODBYE with
 //   GL_E_RING_CORRUPT); the others are untouched.
@@ -41,14 +46,15 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/mutex.h"
 #include "daemon/session.h"
 #include "sched/types.h"
 
@@ -77,7 +83,7 @@ struct SessionServerOptions {
   uint32_t max_sessions_per_uid = 64;
   sched::TimeNs control_interval = sched::kMillisecond;
   sched::TimeNs handshake_timeout = 5 * sched::kSecond;
-  uint32_t poll_budget = 256;  // submissions taken per session per PollOnce
+  uint32_t poll_budget = 256;  // submissions taken per session per PollOnce_st
   // Test mode: complete every valid post at once with GL_OK (no engine behind the server).
   bool loopback_complete = false;
 };
@@ -126,29 +132,30 @@ class SessionServer {
   SessionServer& operator=(const SessionServer&) = delete;
 
   // One round: control events (accept, handshakes, registrations, deaths) if `now` is at
-  // least control_interval past the last round or Wait() saw activity; then every session's
+  // least control_interval past the last round or Wait_st() saw activity; then every session's
   // submissions. Returns the amount of work done (0 = idle). `now` is CLOCK_MONOTONIC ns.
-  int PollOnce(sched::TimeNs now);
+  int PollOnce_st(sched::TimeNs now);
 
   // Sleeps until a submission doorbell rings, a control event arrives or `timeout_ms` passes
   // (arming each session's doorbell per the protocol in shm/doorbell.h). Returns at once if a
   // submission is already waiting.
-  void Wait(int timeout_ms);
-  // Wait() in two halves, for a caller that sleeps on several fds at once (the engine: client
-  // events and peer sockets): ArmForSleep arms every doorbell and returns false when a
+  void Wait_st(int timeout_ms);
+  // Wait_st() in two halves, for a caller that sleeps on several fds at once (the engine: client
+  // events and peer sockets): ArmForSleep_st arms every doorbell and returns false when a
   // submission is already waiting (do not sleep); it may shorten *timeout_ms. Sleep on
-  // wait_fd() (readable when a control event or a doorbell is pending), then DisarmAfterSleep
+  // wait_fd() (readable when a control event or a doorbell is pending), then DisarmAfterSleep_st
   // with whether it fired. Always pair the two.
-  bool ArmForSleep(int* timeout_ms);
-  void DisarmAfterSleep(bool woke);
-  int wait_fd() const { return epoll_.get(); }
+  bool ArmForSleep_st(int* timeout_ms);
+  void DisarmAfterSleep_st(bool woke);
+  int wait_fd() const { return epoll_.get(); }  // any thread (fixed at creation)
 
-  // Convenience loop for tests and tools: PollOnce + Wait(idle_ms) until `stop` is set.
-  void Run(const std::atomic<bool>& stop, int idle_ms = 5);
+  // Convenience loop for tests and tools: PollOnce_st + Wait_st(idle_ms) until `stop` is set.
+  // The calling thread is the server's engine thread while it runs.
+  void Run_st(const std::atomic<bool>& stop, int idle_ms = 5);
 
-  SessionServerStats Stats() const;
-  Session* FindSession(uint64_t id);
-  size_t session_count() const { return sessions_.size(); }
+  SessionServerStats Stats() const;  // any thread
+  Session* FindSession_st(uint64_t id);
+  size_t session_count_st() const { return sessions_.size(); }
   const std::string& socket_path() const { return options_.socket_path; }
 
   static sched::TimeNs MonotonicNow();
@@ -160,14 +167,16 @@ class SessionServer {
 
   SessionServer(SessionServerOptions options, PostSink* sink, shm::UniqueFd listener,
                 shm::UniqueFd epoll);
-  int PollControl(sched::TimeNs now);
-  void AdoptHandedOff();
-  // Acceptor thread.
+  int PollControl_st(sched::TimeNs now);
+  void AdoptHandedOff_st() ABSL_LOCKS_EXCLUDED(handoff_mu_);
+  // Acceptor thread (not the engine's, so no `_st`: these touch only the acceptor's own state,
+  // the hand-off queue under handoff_mu_, and atomics).
   void AcceptorLoop();
   void AcceptorWatch(int fd, uint64_t token, uint32_t events);
   // False when accept failed for a reason other than an empty backlog (EMFILE, ENOMEM).
   bool AcceptAll(sched::TimeNs now);
-  void HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf);
+  void HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf)
+      ABSL_LOCKS_EXCLUDED(handoff_mu_);
   // Sends a gl_hello_reply with `status` and `why` on `fd` (best effort) and counts it.
   void RejectHandshake(int fd, uint64_t request_id, gl_status status, Refusal reason,
                        const std::string& why);
@@ -177,12 +186,16 @@ class SessionServer {
   // it hangs up, so that closing it does not reset away the reply.
   void HoldRefused(shm::UniqueFd socket, sched::TimeNs now);
   void FinishRefused(uint64_t token);
-  // Per-uid session counts: taken by the acceptor, released by the engine thread.
-  bool TakeSessionSlot(uid_t uid);
-  void ReleaseSessionSlot(uid_t uid);
-  void HandleSessionSocket(uint64_t session_id, uint32_t events);
-  void CloseSession(uint64_t session_id, gl_status reason, const std::string& why);
-  void Publish();
+  // Per-uid session counts: taken by the acceptor, released by the acceptor (a session it could
+  // not start) or the engine thread (a session closed).
+  bool TakeSessionSlot(uid_t uid) ABSL_LOCKS_EXCLUDED(uid_sessions_mu_);
+  void ReleaseSessionSlot(uid_t uid) ABSL_LOCKS_EXCLUDED(uid_sessions_mu_);
+  void HandleSessionSocket_st(uint64_t session_id, uint32_t events);
+  void CloseSession_st(uint64_t session_id, gl_status reason, const std::string& why)
+      ABSL_LOCKS_EXCLUDED(uid_sessions_mu_);
+  void Publish_st();
+  // Registration in the engine's epoll set: epoll_ctl on a descriptor fixed at creation, so
+  // any thread (Create registers the hand-off eventfd before the engine thread runs).
   void Watch(int fd, uint64_t token, uint32_t events);
   void Unwatch(int fd);
 
@@ -192,15 +205,15 @@ class SessionServer {
   std::unique_ptr<LoopbackSink> loopback_;
   shm::UniqueFd listener_;
   shm::UniqueFd epoll_;
-  std::vector<std::unique_ptr<Live>> sessions_;
-  std::atomic<uint64_t> next_id_{1};
+  std::vector<std::unique_ptr<Live>> sessions_;  // engine thread
+  std::atomic<uint64_t> next_id_{1};  // session ids and acceptor tokens (acceptor thread)
 
   // Acceptor thread: its epoll (listener, hello-pending sockets, stop), the connections owing
   // a hello (its alone), and the hand-off of ready sessions to the engine thread.
   std::thread acceptor_;
   shm::UniqueFd acceptor_epoll_;
   shm::UniqueFd stop_fd_;
-  std::vector<std::unique_ptr<Pending>> pending_;
+  std::vector<std::unique_ptr<Pending>> pending_;  // acceptor thread only
   struct Refused {
     uint64_t token;
     shm::UniqueFd socket;
@@ -208,22 +221,29 @@ class SessionServer {
   };
   std::vector<Refused> refused_;  // acceptor thread only
   absl::flat_hash_map<uid_t, uint32_t> pending_per_uid_;  // acceptor thread only
-  std::mutex uid_sessions_mu_;
-  absl::flat_hash_map<uid_t, uint32_t> sessions_per_uid_;  // guarded by uid_sessions_mu_
-  std::mutex handoff_mu_;
-  std::vector<std::unique_ptr<Live>> handoff_;  // guarded by handoff_mu_
-  shm::UniqueFd handoff_fd_;                    // eventfd in epoll_: sessions wait in handoff_
-  std::atomic<uint32_t> live_sessions_{0};      // adopted + handed off (max_sessions)
+  Mutex uid_sessions_mu_;
+  absl::flat_hash_map<uid_t, uint32_t> sessions_per_uid_ ABSL_GUARDED_BY(uid_sessions_mu_);
+  Mutex handoff_mu_;
+  std::vector<std::unique_ptr<Live>> handoff_ ABSL_GUARDED_BY(handoff_mu_);
+  shm::UniqueFd handoff_fd_;  // eventfd in epoll_: sessions wait in handoff_
+  // Counters shared without a lock (atomics, relaxed: each is a count of its own; Stats() reads
+  // them from any thread). live_sessions_: raised by the acceptor (a session handed off),
+  // lowered by the engine thread (a session closed), checked by the acceptor against
+  // max_sessions. sessions_accepted_ to refused_by_reason_: the acceptor's.
+  // control_messages_refused_: the engine thread's.
+  std::atomic<uint32_t> live_sessions_{0};  // adopted + handed off (max_sessions)
   std::atomic<uint64_t> sessions_accepted_{0};
   std::atomic<uint64_t> handshakes_rejected_{0};
   std::array<std::atomic<uint64_t>, GL_STATUS_COUNT> rejected_by_status_{};
   std::array<std::atomic<uint64_t>, static_cast<int>(Refusal::kCount)> refused_by_reason_{};
   std::atomic<uint64_t> control_messages_refused_{0};
+  // Engine thread only.
   sched::TimeNs last_control_ = 0;
   bool control_pending_ = true;
   std::vector<uint8_t> rx_buf_;  // control messages (allocated once)
 
-  // Engine-thread totals, copied into the atomics by Publish().
+  // Engine-thread totals, copied by Publish_st() into the atomics below, which the engine thread
+  // alone writes and Stats() reads from any thread (relaxed; tensors_published_ last, release).
   SessionServerStats totals_;
   std::array<std::atomic<uint64_t>, 10> published_{};
   std::array<std::atomic<uint64_t>, GL_STATUS_COUNT> published_bad_{};

@@ -7,16 +7,19 @@
 // (daemon/telemetry.h). Pumping is cheap (a ring drain and a pointer swap), so both readers pump
 // before they look: a scrape or a gradlanectl command sees events up to that moment.
 //
-// Thread rules: every method from any thread except the engine's.
+// Thread rules: every method from any thread except the engine's. The state and the drain
+// buffer are ABSL_GUARDED_BY(mu_) (daemon/mutex.h; checked by clang's -Wthread-safety); the rest
+// is fixed at construction, and the sources' counters are atomics.
 #ifndef GRADLANE_DAEMON_TELEMETRY_HUB_H_
 #define GRADLANE_DAEMON_TELEMETRY_HUB_H_
 
 #include <functional>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "daemon/engine.h"
+#include "daemon/mutex.h"
 #include "daemon/telemetry.h"
 #include "daemon/telemetry_state.h"
 #include "transport/transport.h"
@@ -41,8 +44,8 @@ class TelemetryHub {
   // Runs `f(state)` with the state up to date (ring drained, latest snapshot applied), under the
   // hub's lock. `f` must not call back into the hub.
   template <class F>
-  auto With(F&& f) {
-    std::lock_guard<std::mutex> lock(mu_);
+  auto With(F&& f) ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
     PumpLocked();
     return f(state_);
   }
@@ -63,14 +66,14 @@ class TelemetryHub {
   double started_unix_seconds() const { return started_unix_; }  // wall clock
 
  private:
-  void PumpLocked();
+  void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  HubSources sources_;
-  sched::TimeNs started_at_;
-  double started_unix_;
-  std::mutex mu_;
-  TelemetryState state_;
-  std::vector<TelemetryEvent> scratch_;
+  const HubSources sources_;
+  const sched::TimeNs started_at_;
+  double started_unix_;  // set in the constructor, then read-only
+  Mutex mu_;
+  TelemetryState state_ ABSL_GUARDED_BY(mu_);
+  std::vector<TelemetryEvent> scratch_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradlane::daemon

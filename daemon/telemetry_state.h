@@ -18,8 +18,9 @@
 //                    counted, not kept) and freed when the trace is taken.
 //
 // Nothing here reads a clock: times come with the events and the callers' `now`, so the logic is
-// tested with made-up times. Not thread-safe: the owner (the admin server) serializes access
-// with its mutex.
+// tested with made-up times. Thread-compatible, not thread-safe: its owner, the TelemetryHub
+// (daemon/telemetry_hub.h), keeps it behind its mutex (TelemetryHub::With), for the admin server's
+// and the metrics exposer's threads; never the engine thread.
 #ifndef GRADLANE_DAEMON_TELEMETRY_STATE_H_
 #define GRADLANE_DAEMON_TELEMETRY_STATE_H_
 

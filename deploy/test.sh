@@ -2,7 +2,8 @@
 # Installs what is missing, builds, and runs the whole test suite: once as a normal build,
 # once under AddressSanitizer + UndefinedBehaviorSanitizer (without the several-hundred-MB
 # integration case, which the first pass already runs and which ASan only slows down), and
-# the threaded modules' tests (daemon, transport, shm, libclient) under ThreadSanitizer.
+# the threaded modules' tests (daemon, transport, shm, libclient) under ThreadSanitizer, built
+# with clang and its thread-safety analysis (-Werror=thread-safety).
 #   deploy/test.sh            all passes
 #   deploy/test.sh --quick    the normal build only
 set -euo pipefail
@@ -65,12 +66,20 @@ if [[ "${1:-}" != "--quick" ]]; then
   # share counters, queues and rings: TSan checks the thread rules the comments state. DPDK is
   # left out (its lcore runtime is not instrumented), and so are the integration scripts.
   # Only what those suites run is built (not the simulator, the sched tests or the harnesses).
-  phase "build + daemon, transport, shm and libclient tests under ThreadSanitizer"
-  tsan_setup=(-Db_sanitize=thread -Db_lundef=false -Dbenchmarks=disabled -Ddpdk=disabled -Dtorch=disabled -Doptimization=1)
+  # Built with clang, so the same compile also runs clang's thread-safety analysis: data
+  # declared ABSL_GUARDED_BY a mutex (daemon/mutex.h) touched without it, or a function
+  # declared ABSL_EXCLUSIVE_LOCKS_REQUIRED called without the lock, fails the build.
+  phase "build + daemon, transport, shm and libclient tests under ThreadSanitizer (clang, -Wthread-safety)"
+  tsan_setup=(-Db_sanitize=thread -Db_lundef=false -Dbenchmarks=disabled -Ddpdk=disabled -Dtorch=disabled -Doptimization=1
+              "-Dcpp_args=-Wthread-safety -Werror=thread-safety")
+  # A build-tsan configured with g++ (before this pass moved to clang) cannot switch compilers.
+  if [[ -f build-tsan/build.ninja ]] && ! grep -A1 '^rule cpp_COMPILER$' build-tsan/build.ninja | grep -q clang; then
+    rm -rf build-tsan
+  fi
   if [[ -f build-tsan/build.ninja ]]; then
     meson configure build-tsan "${tsan_setup[@]}" >/dev/null
   else
-    meson setup build-tsan "${tsan_setup[@]}" >/dev/null
+    CC=clang CXX=clang++ meson setup build-tsan "${tsan_setup[@]}" >/dev/null
   fi
   tsan_suites=(daemon transport shm libclient)
   # shellcheck disable=SC2046

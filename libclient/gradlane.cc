@@ -27,6 +27,12 @@ using gradlane::shm::RingProducer;
 using gradlane::shm::RingResult;
 using gradlane::shm::UniqueFd;
 
+// Who touches what (gradlane.h, "Threads": calls on one client are not concurrent, except that
+// one thread may post while another polls or waits). No lock: the poster owns `sq` and
+// `sq_bell`, the poller/waiter `cq` and `cq_bell`; everything else is written by control calls
+// (connect, register), which the caller never runs next to a post or a wait — except the end of
+// the session, which a control call or the waiter records: `disconnected` (an atomic, set once)
+// publishes `disconnect_status` and `disconnect_reason` to the other thread (below).
 struct gl_client {
   UniqueFd socket;
   Arena arena;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -234,10 +235,12 @@ __attribute__((target("avx2"))) void ReduceAvx2(const std::byte* const* src, uin
 // kernel compute-bound, so here the F16C instructions convert instead. They are IEEE
 // conversions (exact widening; narrowing with the RNE rounding immediate), i.e. bit-identical to
 // half.h for every non-NaN value, and NaNs are canonicalised before narrowing anyway; the tests
-// compare both paths over all 65536 patterns. Reached only after the runtime F16C check.
-template <>
-__attribute__((target("avx2,f16c"))) void ReduceAvx2<DType::kF16>(
-    const std::byte* const* src, uint32_t n, uint64_t elems, bool mean, std::byte* out) {
+// compare both paths over all 65536 patterns. Reached only after the runtime F16C check. A
+// function of its own rather than a specialization of ReduceAvx2: clang takes a specialization
+// with another target() for function multiversioning, and refuses it.
+__attribute__((target("avx2,f16c"))) void ReduceAvx2F16(const std::byte* const* src, uint32_t n,
+                                                        uint64_t elems, bool mean,
+                                                        std::byte* out) {
   const __m256 divisor = _mm256_set1_ps(static_cast<float>(n));
   const __m256 canonical = _mm256_castsi256_ps(_mm256_set1_epi32(kCanonicalNaN));
   uint64_t i = 0;
@@ -261,8 +264,11 @@ bool CpuHasAvx2() {
 #if defined(__x86_64__)
   static const bool has = [] {
     __builtin_cpu_init();
-    // Every AVX2 CPU has F16C, but check both: the f16 kernel on this path uses F16C.
-    return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("f16c") != 0;
+    // Every AVX2 CPU has F16C, but check both: the f16 kernel on this path uses F16C. (F16C
+    // from CPUID leaf 1 directly: clang before 16 has no __builtin_cpu_supports("f16c").)
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+    return __builtin_cpu_supports("avx2") != 0 && f16c;
   }();
   return has;
 #else
@@ -273,7 +279,13 @@ bool CpuHasAvx2() {
 template <DType D>
 KernelFn PickKernel(KernelIsa isa) {
 #if defined(__x86_64__)
-  if (isa == KernelIsa::kAvx2) return &ReduceAvx2<D>;
+  if (isa == KernelIsa::kAvx2) {
+    if constexpr (D == DType::kF16) {
+      return &ReduceAvx2F16;
+    } else {
+      return &ReduceAvx2<D>;
+    }
+  }
 #endif
   return &ReduceBaseline<D>;
 }

@@ -26,7 +26,7 @@
 //
 // Vectorisation: GCC vector extensions at each target's native width, compiled twice — x86-64
 // baseline (SSE2, 4 lanes) and `target("avx2")` (8 lanes) — with the AVX2 bodies chosen at run
-// time by `__builtin_cpu_supports("avx2")` and `("f16c")`. The only intrinsics are the F16C
+// time by `__builtin_cpu_supports("avx2")` and CPUID's F16C bit. The only intrinsics are the F16C
 // conversions in the AVX2 f16 kernel (behind that check; bit-identical to the software ones).
 // So the library builds for any x86-64 without -march flags, and elsewhere the generic vectors
 // lower to whatever the target has.

@@ -160,7 +160,7 @@ double RingThroughput(uint64_t count) {
 }
 
 // libgradlane against the in-process session server. `spinning_server`: the server thread
-// calls PollOnce in a loop; otherwise it sleeps in Wait() whenever idle (the default Run).
+// calls PollOnce_st in a loop; otherwise it sleeps in Wait_st() whenever idle (the default Run_st).
 struct ClientBench {
   explicit ClientBench(bool spinning_server, bool yield_when_idle = false) : yield(yield_when_idle) {
     char tmpl[] = "/tmp/gradlane-bench-XXXXXX";
@@ -170,9 +170,9 @@ struct ClientBench {
     o.loopback_complete = true;
     server = std::move(*gradlane::daemon::SessionServer::Create(o));
     thread = std::thread([this, spinning_server] {
-      if (!spinning_server) return server->Run(stop, 100);
+      if (!spinning_server) return server->Run_st(stop, 100);
       while (!stop.load(std::memory_order_relaxed)) {
-        if (server->PollOnce(gradlane::daemon::SessionServer::MonotonicNow()) == 0 && yield) {
+        if (server->PollOnce_st(gradlane::daemon::SessionServer::MonotonicNow()) == 0 && yield) {
           ::sched_yield();
         }
       }

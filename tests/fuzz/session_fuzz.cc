@@ -1,15 +1,16 @@
 // Fuzz target: what a local client controls in its session (daemon/session.h) — the control
-// messages after the hello (register job, register tensor, anything else: Session::HandleControl),
-// the submission descriptors it writes into shared memory (Session::Validate), and the ring
-// itself: indices, sequence marks and constants it may scribble on (Session::PollSubmissions,
-// shm/ring.h). A fresh session per input (a memfd arena of 8 ring slots).
+// messages after the hello (register job, register tensor, anything else:
+// Session::HandleControl_st), the submission descriptors it writes into shared memory
+// (Session::Validate_st), and the ring itself: indices, sequence marks and constants it may
+// scribble on (Session::PollSubmissions_st, shm/ring.h). A fresh session per input (a memfd
+// arena of 8 ring slots).
 //
 // Input: one mode byte, then records, op byte first. Mode bits: 0: control messages get a
 // correct header.length; 1: ring entries get a correct sequence mark. Ops (op % 6):
-//   0: u16 length + control message bytes → HandleControl (replies are read off the socket)
+//   0: u16 length + control message bytes → HandleControl_st (replies are read off the socket)
 //   1: 64 bytes of gl_sqe → Validate
-//   2: 64 bytes of gl_sqe published into the submission ring → PollSubmissions
-//   3: u8 field + u64 value written over a ring-header word → PollSubmissions
+//   2: 64 bytes of gl_sqe published into the submission ring → PollSubmissions_st
+//   3: u8 field + u64 value written over a ring-header word → PollSubmissions_st
 //   4: the client consumes its completions (completion ring head := tail)
 //   5: u16 length + bytes → CheckHello (daemon/session_hello.h), the first message's check
 // Posts the daemon accepts are completed at once, as the engine eventually does.
@@ -49,12 +50,12 @@ struct Reader {
 
 class CompleteAtOnce final : public PostSink {
  public:
-  void OnPost(Session& s, const PostDescriptor& post) override {
-    // Validate's promise: a post the engine gets lies inside its tensor.
-    const auto& t = s.tensors().at(post.tensor_id);
+  void OnPost_st(Session& s, const PostDescriptor& post) override {
+    // Validate_st's promise: a post the engine gets lies inside its tensor.
+    const auto& t = s.tensors_st().at(post.tensor_id);
     if (post.length == 0 || post.offset > t.bytes || post.length > t.bytes - post.offset) std::abort();
     if (t.offset + t.bytes > s.arena_bytes()) std::abort();
-    (void)s.Complete(post, GL_OK);
+    (void)s.Complete_st(post, GL_OK);
   }
 };
 
@@ -99,7 +100,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           const uint32_t l = len;
           std::memcpy(msg.data() + offsetof(gl_msg_header, length), &l, sizeof(l));
         }
-        (void)s.HandleControl(msg.data(), msg.size());
+        (void)s.HandleControl_st(msg.data(), msg.size());
         Drain(client.get());
         break;
       }
@@ -107,9 +108,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         gl_sqe e;
         if (!in.Take(&e, sizeof(e))) break;
         PostDescriptor post;
-        const gl_status st = s.Validate(e, &post);
+        const gl_status st = s.Validate_st(e, &post);
         if (st == GL_OK) {
-          const auto& t = s.tensors().at(post.tensor_id);
+          const auto& t = s.tensors_st().at(post.tensor_id);
           if (post.length == 0 || post.offset > t.bytes || post.length > t.bytes - post.offset) std::abort();
         }
         break;
@@ -122,7 +123,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         sq_slots[tail & (kSlots - 1)] = e;
         sq->tail = tail + 1;
         bool corrupt = false;
-        (void)s.PollSubmissions(&sink, 16, &corrupt);
+        (void)s.PollSubmissions_st(&sink, 16, &corrupt);
         dead = corrupt;
         break;
       }
@@ -139,7 +140,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           case 4: sq_slots[v & (kSlots - 1)].seq = v >> 3; break;
         }
         bool corrupt = false;
-        (void)s.PollSubmissions(&sink, 16, &corrupt);
+        (void)s.PollSubmissions_st(&sink, 16, &corrupt);
         dead = corrupt;
         break;
       }
@@ -168,13 +169,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
     }
-    s.FlushCompletions();
+    s.FlushCompletions_st();
   }
   if (std::getenv("SESSION_FUZZ_DEBUG") != nullptr) {  // what an input reached, for seed work
     std::fprintf(stderr, "job %d tensors %zu posts_ok %llu completions %llu dead %d\n",
-                 s.job() != nullptr, s.tensors().size(),
-                 static_cast<unsigned long long>(s.counters().posts_ok),
-                 static_cast<unsigned long long>(s.counters().completions), dead);
+                 s.job_st() != nullptr, s.tensors_st().size(),
+                 static_cast<unsigned long long>(s.counters_st().posts_ok),
+                 static_cast<unsigned long long>(s.counters_st().completions), dead);
   }
   return 0;
 }

@@ -22,11 +22,25 @@ using sched::DType;
 // References, independent of half.h.
 
 // The compiler's own binary16 (libgcc soft-float on x86-64 baseline) as the f16 reference.
+#if defined(__clang__) && __clang_major__ < 15
+// clang 14 has no _Float16 on x86-64: there its __fp16, converted by compiler-rt's soft-float
+// builtins (tests/unit/daemon/meson.build links them), is the reference.
+uint16_t RefF32ToF16(float f) {
+  const __fp16 h = static_cast<__fp16>(f);
+  return std::bit_cast<uint16_t>(h);
+}
+float RefF16ToF32(uint16_t h) {
+  __fp16 v;
+  std::memcpy(&v, &h, sizeof(v));
+  return static_cast<float>(v);
+}
+#else
 uint16_t RefF32ToF16(float f) {
   const _Float16 h = static_cast<_Float16>(f);
   return std::bit_cast<uint16_t>(h);
 }
 float RefF16ToF32(uint16_t h) { return static_cast<float>(std::bit_cast<_Float16>(h)); }
+#endif
 
 // bf16 is the top half of an f32, so its exact value is Bf16 bits << 16 (no rounding involved);
 // round-to-nearest-even is checked by comparing exact distances in double. The pattern above

@@ -48,7 +48,7 @@ class ServerEnv {
     auto s = SessionServer::Create(o);
     EXPECT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
-    thread_ = std::thread([this] { server_->Run(stop_, 2); });
+    thread_ = std::thread([this] { server_->Run_st(stop_, 2); });
   }
   ~ServerEnv() {
     stop_.store(true);
@@ -224,7 +224,7 @@ TEST(Session, OneThreadPostsAnotherWaits) {
   ServerEnv env;
   auto [c, id, buf] = ConnectWithOneTensor(env, 64);
   constexpr uint64_t kPosts = 100'000;
-  std::thread poster([&] {
+  std::thread poster([&, &c = c, &id = id] {  // bindings by name: clang 14 cannot capture them
     for (uint64_t i = 0; i < kPosts;) {
       const int s = gl_post(c.get(), id, static_cast<int64_t>(i), 0, 64, i);  // one post per iteration
       if (s == GL_OK) {
@@ -969,7 +969,7 @@ TEST(Hostile, ThePosterAndTheWaiterBothReadWhyTheSessionEnded) {
   ServerEnv env;
   auto [c, id, buf] = ConnectWithOneTensor(env);
   std::string poster_saw;
-  std::thread poster([&] {
+  std::thread poster([&, &c = c, &id = id] {  // bindings by name: clang 14 cannot capture them
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     for (int64_t i = 0; std::chrono::steady_clock::now() < end; ++i) {
       const int s = gl_post(c.get(), id, i, 0, 64, static_cast<uint64_t>(i));

@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
   });
   std::printf("ready\n");
   std::fflush(stdout);
-  (*server)->Run(g_stop, 5);
+  (*server)->Run_st(g_stop, 5);
   watch.join();
   return 0;
 }
