@@ -54,12 +54,18 @@ bool WholeInRange(const json& v, int64_t lo, uint64_t hi, uint64_t* out) {
 
 std::string_view AdminCmdName(AdminCmd cmd) {
   switch (cmd) {
-    case AdminCmd::kStatus: return "status";
-    case AdminCmd::kJobs: return "jobs";
-    case AdminCmd::kPeers: return "peers";
-    case AdminCmd::kQueues: return "queues";
-    case AdminCmd::kBandwidth: return "bandwidth";
-    case AdminCmd::kTrace: return "trace";
+    case AdminCmd::kStatus:
+      return "status";
+    case AdminCmd::kJobs:
+      return "jobs";
+    case AdminCmd::kPeers:
+      return "peers";
+    case AdminCmd::kQueues:
+      return "queues";
+    case AdminCmd::kBandwidth:
+      return "bandwidth";
+    case AdminCmd::kTrace:
+      return "trace";
   }
   return "unknown";
 }
@@ -79,9 +85,8 @@ absl::StatusOr<AdminRequest> ParseAdminRequest(std::string_view line, const Admi
 
 absl::StatusOr<AdminRequest> AdminRequestFromJson(const json& req, const AdminLimits& limits) {
   if (!req.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request must be a JSON object with a string \"cmd\" (got ", req.type_name(),
-                     ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request must be a JSON object with a string \"cmd\" (got ", req.type_name(), ")"));
   }
   // find() rather than value()/operator[]: neither throws nor inserts.
   const auto cmd_it = req.find("cmd");
@@ -128,8 +133,8 @@ absl::StatusOr<AdminRequest> AdminRequestFromJson(const json& req, const AdminLi
   if (const auto it = req.find("timeout_s"); it != req.end()) {
     const double d = it->is_number() ? it->get<double>() : std::numeric_limits<double>::quiet_NaN();
     if (!(d > 0 && d <= limits.max_trace_timeout_s)) {
-      return Bad("timeout_s", absl::StrCat("a number of seconds in (0, ", limits.max_trace_timeout_s, "]"),
-                 *it);
+      return Bad("timeout_s",
+                 absl::StrCat("a number of seconds in (0, ", limits.max_trace_timeout_s, "]"), *it);
     }
     t.timeout_s = d;
   }

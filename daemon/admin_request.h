@@ -31,8 +31,8 @@ std::string_view AdminCmdName(AdminCmd cmd);
 
 // Bounds on what a client may ask for.
 struct AdminLimits {
-  size_t max_request_bytes = 4096;        // one request line, without its newline
-  uint64_t max_trace_spans = 1 << 20;     // trace.max_spans upper bound (and its default)
+  size_t max_request_bytes = 4096;     // one request line, without its newline
+  uint64_t max_trace_spans = 1 << 20;  // trace.max_spans upper bound (and its default)
   int64_t max_trace_iterations = 10000;
   double max_trace_timeout_s = 600;
 };
@@ -41,9 +41,9 @@ struct AdminLimits {
 // required.
 struct TraceRequest {
   std::string job;
-  int64_t iterations = 1;     // 1..max_trace_iterations (a whole number)
-  double timeout_s = 60;      // (0, max_trace_timeout_s]
-  uint64_t max_spans = 0;     // 1..max_trace_spans; absent: max_trace_spans
+  int64_t iterations = 1;  // 1..max_trace_iterations (a whole number)
+  double timeout_s = 60;   // (0, max_trace_timeout_s]
+  uint64_t max_spans = 0;  // 1..max_trace_spans; absent: max_trace_spans
 };
 
 struct AdminRequest {

@@ -408,8 +408,8 @@ void AdminServer::Run() {
           if (nl != std::string::npos) {
             // Typed and checked without exceptions: a field of the wrong type is an error
             // answer, never an uncaught type_error (which used to abort the daemon).
-            const absl::StatusOr<AdminRequest> req = ParseAdminRequest(
-                std::string_view(c.in).substr(0, nl), AdminLimitsOf(options_));
+            const absl::StatusOr<AdminRequest> req =
+                ParseAdminRequest(std::string_view(c.in).substr(0, nl), AdminLimitsOf(options_));
             if (!req.ok()) {
               Respond(c, Error(std::string(req.status().message())));
             } else if (req->cmd == AdminCmd::kTrace) {
@@ -454,9 +454,9 @@ void AdminServer::Run() {
         c.fd = -1;
       }
     }
-    clients.erase(
-        std::remove_if(clients.begin(), clients.end(), [](const Client& c) { return c.fd < 0; }),
-        clients.end());
+    clients.erase(std::remove_if(clients.begin(), clients.end(),
+                                 [](const Client& c) { return c.fd < 0; }),
+                  clients.end());
   }
   for (Client& c : clients) ::close(c.fd);
 }

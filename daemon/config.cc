@@ -43,7 +43,8 @@ ABSL_FLAG(uint32_t, max_unauthenticated_peers, 32,
           "accepted peer connections that have not yet presented a job token");
 ABSL_FLAG(bool, autotune, false,
           "bytescheduler: tune the credit window online with Bayesian optimisation");
-ABSL_FLAG(std::string, transport, "tcp", "peer transport: tcp (kernel sockets) or dpdk (kernel bypass)");
+ABSL_FLAG(std::string, transport, "tcp",
+          "peer transport: tcp (kernel sockets) or dpdk (kernel bypass)");
 ABSL_FLAG(std::string, dpdk_eal_args, "",
           "dpdk: verbatim EAL arguments (space-separated); overrides the other --dpdk_ EAL flags");
 ABSL_FLAG(std::string, dpdk_vdev, "",
@@ -54,19 +55,29 @@ ABSL_FLAG(int32_t, dpdk_lcore, 0, "dpdk: EAL lcore (-l)");
 ABSL_FLAG(bool, dpdk_no_huge, true, "dpdk: run without hugepages (--no-huge)");
 ABSL_FLAG(uint32_t, dpdk_memory_mb, 512, "dpdk: EAL memory with --no-huge (-m)");
 ABSL_FLAG(std::string, dpdk_file_prefix, "", "dpdk: EAL file prefix (default gradlane-<pid>)");
-ABSL_FLAG(bool, dpdk_in_memory, false, "dpdk: --in-memory instead of a file prefix (needs hugepages)");
-ABSL_FLAG(std::string, dpdk_ip, "", "dpdk: our IPv4 address on the port (default: the --listen host)");
-ABSL_FLAG(uint32_t, dpdk_mtu, 0, "dpdk: port MTU to set, e.g. 9000 for jumbo frames (0: keep the port's)");
+ABSL_FLAG(bool, dpdk_in_memory, false,
+          "dpdk: --in-memory instead of a file prefix (needs hugepages)");
+ABSL_FLAG(std::string, dpdk_ip, "",
+          "dpdk: our IPv4 address on the port (default: the --listen host)");
+ABSL_FLAG(uint32_t, dpdk_mtu, 0,
+          "dpdk: port MTU to set, e.g. 9000 for jumbo frames (0: keep the port's)");
 ABSL_FLAG(std::string, dpdk_static_arp, "", "dpdk: static neighbours IP=MAC,... (others by ARP)");
-ABSL_FLAG(std::string, dpdk_zero_copy, "auto", "dpdk: transmit from the arena without a copy: auto, on, off");
-ABSL_FLAG(uint32_t, dpdk_window, 256, "dpdk: packets in flight per connection (and credit offered), 1..256");
-ABSL_FLAG(uint32_t, dpdk_rx_budget, 0,
-          "dpdk: packets the port holds between polls, split into the credit offered to the peers that "
-          "send to us (0: 3/4 of the port's RX ring, e.g. af_packet's framecnt)");
-ABSL_FLAG(uint32_t, dpdk_drop_every, 0, "dpdk fault injection: drop every Nth datagram sent (0: off)");
-ABSL_FLAG(double, dpdk_drop_probability, 0, "dpdk fault injection: drop each datagram with this probability");
-ABSL_FLAG(double, dpdk_reorder_probability, 0, "dpdk fault injection: reorder with this probability");
-ABSL_FLAG(double, dpdk_duplicate_probability, 0, "dpdk fault injection: duplicate with this probability");
+ABSL_FLAG(std::string, dpdk_zero_copy, "auto",
+          "dpdk: transmit from the arena without a copy: auto, on, off");
+ABSL_FLAG(uint32_t, dpdk_window, 256,
+          "dpdk: packets in flight per connection (and credit offered), 1..256");
+ABSL_FLAG(
+    uint32_t, dpdk_rx_budget, 0,
+    "dpdk: packets the port holds between polls, split into the credit offered to the peers that "
+    "send to us (0: 3/4 of the port's RX ring, e.g. af_packet's framecnt)");
+ABSL_FLAG(uint32_t, dpdk_drop_every, 0,
+          "dpdk fault injection: drop every Nth datagram sent (0: off)");
+ABSL_FLAG(double, dpdk_drop_probability, 0,
+          "dpdk fault injection: drop each datagram with this probability");
+ABSL_FLAG(double, dpdk_reorder_probability, 0,
+          "dpdk fault injection: reorder with this probability");
+ABSL_FLAG(double, dpdk_duplicate_probability, 0,
+          "dpdk fault injection: duplicate with this probability");
 ABSL_FLAG(uint64_t, dpdk_fault_seed, 1, "dpdk fault injection: random seed");
 
 namespace gradlane::daemon {
@@ -122,7 +133,8 @@ absl::StatusOr<TransportChoice> TransportFromFlags() {
   TransportChoice t;
   t.name = absl::GetFlag(FLAGS_transport);
   if (t.name != "tcp" && t.name != "dpdk") {
-    return absl::InvalidArgumentError(absl::StrCat("--transport: '", t.name, "' (expected tcp or dpdk)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--transport: '", t.name, "' (expected tcp or dpdk)"));
   }
   transport::dpdk::DpdkOptions& d = t.dpdk;
   d.eal_args = absl::GetFlag(FLAGS_dpdk_eal_args);
@@ -154,16 +166,19 @@ absl::StatusOr<TransportChoice> TransportFromFlags() {
   }
   for (double p : {d.reliable.faults.drop_probability, d.reliable.faults.reorder_probability,
                    d.reliable.faults.duplicate_probability}) {
-    if (!(p >= 0 && p < 1)) return absl::InvalidArgumentError("--dpdk_*_probability must be in [0, 1)");
+    if (!(p >= 0 && p < 1))
+      return absl::InvalidArgumentError("--dpdk_*_probability must be in [0, 1)");
   }
-  if (d.reliable.faults.drop_every == 1) return absl::InvalidArgumentError("--dpdk_drop_every=1 drops everything");
+  if (d.reliable.faults.drop_every == 1)
+    return absl::InvalidArgumentError("--dpdk_drop_every=1 drops everything");
 #ifdef GRADLANE_HAVE_DPDK
   if (absl::Status s = transport::dpdk::ParseStaticArp(d.static_arp); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--dpdk_static_arp: ", s.message()));
   }
 #endif
   if (d.eal_args.empty() && d.vdev.empty() && d.pci.empty()) {
-    return absl::InvalidArgumentError("--transport=dpdk needs a port: --dpdk_vdev, --dpdk_pci or --dpdk_eal_args");
+    return absl::InvalidArgumentError(
+        "--transport=dpdk needs a port: --dpdk_vdev, --dpdk_pci or --dpdk_eal_args");
   }
   return t;
 }
@@ -173,7 +188,8 @@ absl::StatusOr<EngineOptions> OptionsFromFlags() {
   o.sessions.socket_path = absl::GetFlag(FLAGS_socket);
   if (o.sessions.socket_path.empty()) return absl::InvalidArgumentError("--socket is empty");
   auto hp = ParseHostPort(absl::GetFlag(FLAGS_listen));
-  if (!hp.ok()) return absl::InvalidArgumentError(absl::StrCat("--listen: ", hp.status().message()));
+  if (!hp.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--listen: ", hp.status().message()));
   o.transport.listen_address = hp->first;
   o.transport.listen_port = hp->second;
   auto pt = PositiveNs("peer_timeout", absl::GetFlag(FLAGS_peer_timeout));
@@ -189,7 +205,8 @@ absl::StatusOr<EngineOptions> OptionsFromFlags() {
   } else if (reduce == "mean") {
     o.reduce = ps::ReduceOp::kMean;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("--reduce: '", reduce, "' (expected sum or mean)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--reduce: '", reduce, "' (expected sum or mean)"));
   }
   auto uids = ParseIds<uid_t>("allowed_uids", absl::GetFlag(FLAGS_allowed_uids));
   if (!uids.ok()) return uids.status();
@@ -200,7 +217,8 @@ absl::StatusOr<EngineOptions> OptionsFromFlags() {
   o.sessions.policy.allow_same_uid = uids->empty() && gids->empty();
   o.sessions.policy.uids.push_back(0);  // root may always connect
   o.sessions.max_arena_bytes = absl::GetFlag(FLAGS_max_arena_bytes);
-  if (const uint64_t a = absl::GetFlag(FLAGS_arena_bytes); a != 0) o.sessions.default_arena_bytes = a;
+  if (const uint64_t a = absl::GetFlag(FLAGS_arena_bytes); a != 0)
+    o.sessions.default_arena_bytes = a;
   if (o.sessions.default_arena_bytes > o.sessions.max_arena_bytes) {
     return absl::InvalidArgumentError("--arena_bytes is above --max_arena_bytes");
   }

@@ -165,15 +165,15 @@ JobRuntime* Engine::ActivateJob_st(Session& session, TimeNs now) {
     generations_.push_back(0);
   }
   jobs_[slot] = std::make_unique<JobRuntime>(static_cast<JobHost&>(*this), slot, generations_[slot],
-                                           session.id());
+                                             session.id());
   JobRuntime& job = *jobs_[slot];
   job_by_session_[session.id()] = slot;
   counters_.jobs_active.Add_st(1);
   JobError err = job.SetUp_st(session, now);
   if (err.status == GL_OK && job_by_wire_.contains(job.wire_id())) {
-    err = {GL_E_ALREADY_EXISTS,
-           absl::StrCat("job ", job.id(), " already has a rank on this daemon (one rank per "
-                        "daemon per job)")};
+    err = {GL_E_ALREADY_EXISTS, absl::StrCat("job ", job.id(),
+                                             " already has a rank on this daemon (one rank per "
+                                             "daemon per job)")};
   }
   if (err.status == GL_OK) {
     for (auto& other : jobs_) {

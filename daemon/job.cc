@@ -80,14 +80,14 @@ JobError BuildJobPlan(const Session& session, const std::string& default_policy,
                          " above the parameter-server limit of ", ps::kMaxWorldSize)};
   }
   if (info->world_size > 1 && info->peers.size() != info->world_size) {
-    return {GL_E_INVALID_ARGUMENT, absl::StrCat("job ", id, ": ", info->peers.size(),
-                                                " peer addresses for ", info->world_size,
-                                                " ranks (one host:port per rank is required)")};
+    return {GL_E_INVALID_ARGUMENT,
+            absl::StrCat("job ", id, ": ", info->peers.size(), " peer addresses for ",
+                         info->world_size, " ranks (one host:port per rank is required)")};
   }
   if (info->auth_token.size() > transport::kMaxTokenBytes) {
-    return {GL_E_INVALID_ARGUMENT, absl::StrCat("job ", id, ": auth token of ",
-                                                info->auth_token.size(), " bytes (at most ",
-                                                transport::kMaxTokenBytes, ")")};
+    return {GL_E_INVALID_ARGUMENT,
+            absl::StrCat("job ", id, ": auth token of ", info->auth_token.size(),
+                         " bytes (at most ", transport::kMaxTokenBytes, ")")};
   }
   plan->rank = static_cast<uint16_t>(info->rank);
   plan->world = static_cast<uint16_t>(info->world_size);
@@ -136,7 +136,8 @@ JobError BuildJobPlan(const Session& session, const std::string& default_policy,
   for (size_t i = 0; i < plan->parts.size(); ++i) {
     Part& p = plan->parts[i];
     const uint32_t tid = plan->tensors[p.tensor].spec.id;
-    p.owner = static_cast<uint16_t>(plan->shard_map->ShardOf(sched::MakeKey(tid, p.index)).value_or(0));
+    p.owner =
+        static_cast<uint16_t>(plan->shard_map->ShardOf(sched::MakeKey(tid, p.index)).value_or(0));
     if (p.owner == plan->rank) {
       OwnedPart o;
       o.part = static_cast<uint32_t>(i);
@@ -148,9 +149,9 @@ JobError BuildJobPlan(const Session& session, const std::string& default_policy,
   }
   plan->slab_bytes = slab;
   plan->fingerprint = Fingerprint(tensors, plan->world, plan->policy_name, partition_bytes, reduce);
-  plan->manifest = ManifestBody{kManifestMagic, plan->fingerprint,
-                                static_cast<uint32_t>(tensors.size()), plan->world,
-                                plan->total_bytes};
+  plan->manifest =
+      ManifestBody{kManifestMagic, plan->fingerprint, static_cast<uint32_t>(tensors.size()),
+                   plan->world, plan->total_bytes};
   return {};
 }
 

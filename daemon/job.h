@@ -7,8 +7,8 @@
 //   - One rank per daemon per job; a job is bound to the one client session that registered it.
 //   - The tensor list is frozen at the job's first post on this daemon: every rank must have
 //     registered the same tensors (name, bytes, dtype) in the same order before posting.
-//     `Fingerprint` digests that list with W, the policy, --partition_bytes and the reduce op; daemons
-//     exchange it in a manifest frame, the first frame on each connection, and a difference
+//     `Fingerprint` digests that list with W, the policy, --partition_bytes and the reduce op;
+//     daemons exchange it in a manifest frame, the first frame on each connection, and a difference
 //     fails the job with a message naming both values.
 //   - Partition k of a tensor is PartitionPlan::Make(bytes, dtype, EnginePartitionBytes(...));
 //     the shard map is ps::ShardMap over those keys. Both depend only on the frozen list.
@@ -60,7 +60,8 @@ struct ManifestBody {
 };
 inline constexpr size_t kManifestBytes = 32;
 static_assert(sizeof(ManifestBody) == kManifestBytes);
-static_assert(offsetof(ManifestBody, tensor_count) == 16 && offsetof(ManifestBody, total_bytes) == 24);
+static_assert(offsetof(ManifestBody, tensor_count) == 16 &&
+              offsetof(ManifestBody, total_bytes) == 24);
 
 // The partition size the engine cuts every posted range with: the policy's own δ, so a policy
 // never cuts a range further (a policy with a coarser plan still never crosses one of ours),
@@ -79,7 +80,7 @@ struct JobTensor {
   bool auto_priority = false;
   uint64_t arena_offset = 0;  // in the session's arena
   sched::PartitionPlan plan = sched::PartitionPlan::Make(1, sched::DType::kF32, 0);
-  uint32_t first_part = 0;   // index of partition 0 in JobPlan::parts
+  uint32_t first_part = 0;  // index of partition 0 in JobPlan::parts
   // Posts of this tensor waiting for results (indices into WorkerRole's posts); usually one.
   std::vector<uint32_t> active_posts;
 };
@@ -90,8 +91,8 @@ struct Part {
   uint32_t index = 0;
   uint64_t offset = 0;  // within the tensor
   uint64_t length = 0;
-  uint16_t owner = 0;    // shard rank
-  int32_t owned = -1;    // index into the ShardRole's owned parts when owner == local rank
+  uint16_t owner = 0;  // shard rank
+  int32_t owned = -1;  // index into the ShardRole's owned parts when owner == local rank
   // Worker: the iteration whose result we wait for, bytes of it posted locally, bytes of the
   // result claimed by arriving frame headers (bounds the next header) and bytes actually
   // placed. Only placed bytes complete a post or let the next iteration start: between a
@@ -114,8 +115,8 @@ struct OwnedPart {
   uint64_t pulls_pending = 0;  // bytes of pull sends from the result slot not yet acked
   bool reduce_deferred = false;
   // The rank whose pushes this round are folded into the result piece by piece as they arrive
-  // (a backend whose capabilities hand over pieces), -1 if none. Chosen at the first of its pieces that
-  // arrives, in order, once every other contribution is complete and no pull still reads the
+  // (a backend whose capabilities hand over pieces), -1 if none. Chosen at the first of its pieces
+  // that arrives, in order, once every other contribution is complete and no pull still reads the
   // result slot: what it placed before is reduced from its slot then, each later piece at once,
   // so the end-of-round reduction is already done when its last byte lands.
   int32_t folding_rank = -1;

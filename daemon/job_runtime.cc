@@ -25,20 +25,39 @@ constexpr TimeNs kEstimateInterval = 10 * sched::kMillisecond;
 
 gl_status StatusFor(const absl::Status& why) {
   switch (why.code()) {
-    case absl::StatusCode::kPermissionDenied: return GL_E_PERMISSION;
-    case absl::StatusCode::kDeadlineExceeded: return GL_E_TIMEOUT;
+    case absl::StatusCode::kPermissionDenied:
+      return GL_E_PERMISSION;
+    case absl::StatusCode::kDeadlineExceeded:
+      return GL_E_TIMEOUT;
     case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kFailedPrecondition: return GL_E_PROTOCOL;
-    default: return GL_E_DISCONNECTED;
+    case absl::StatusCode::kFailedPrecondition:
+      return GL_E_PROTOCOL;
+    default:
+      return GL_E_DISCONNECTED;
   }
 }
 
 const char* StatusName(gl_status s) {
-  static constexpr const char* kNames[GL_STATUS_COUNT] = {
-      "ok", "invalid_argument", "bad_magic", "bad_version", "permission", "no_memory", "again",
-      "timeout", "disconnected", "protocol", "bad_tensor", "bad_range", "bad_iteration",
-      "bad_opcode", "bad_descriptor", "no_job", "already_exists", "ring_corrupt", "io",
-      "internal"};
+  static constexpr const char* kNames[GL_STATUS_COUNT] = {"ok",
+                                                          "invalid_argument",
+                                                          "bad_magic",
+                                                          "bad_version",
+                                                          "permission",
+                                                          "no_memory",
+                                                          "again",
+                                                          "timeout",
+                                                          "disconnected",
+                                                          "protocol",
+                                                          "bad_tensor",
+                                                          "bad_range",
+                                                          "bad_iteration",
+                                                          "bad_opcode",
+                                                          "bad_descriptor",
+                                                          "no_job",
+                                                          "already_exists",
+                                                          "ring_corrupt",
+                                                          "io",
+                                                          "internal"};
   return s >= 0 && s < GL_STATUS_COUNT ? kNames[s] : "unknown";
 }
 
@@ -97,8 +116,8 @@ JobError JobRuntime::SetUp_st(Session& session, TimeNs now) {
   auto mo = transport.RegisterRegion_st(&plan_.manifest, sizeof(plan_.manifest));
   if (!mo.ok()) return {GL_E_NO_MEMORY, std::string(mo.status().message())};
   manifest_region_ = *mo;
-  auto mi = transport.RegisterRegion_st(manifest_in_.data(),
-                                        manifest_in_.size() * sizeof(ManifestBody));
+  auto mi =
+      transport.RegisterRegion_st(manifest_in_.data(), manifest_in_.size() * sizeof(ManifestBody));
   if (!mi.ok()) return {GL_E_NO_MEMORY, std::string(mi.status().message())};
   manifest_in_region_ = *mi;
   worker_.SetUp_st();
@@ -134,9 +153,9 @@ JobError JobRuntime::Start_st(TimeNs now) {
       tuner_ = std::make_unique<Tuner>(Tuner{std::move(*tuner), {}, 0, now, 0, -1, false});
     }
   }
-  LogLine(absl::StrCat("job ", id(), " rank ", plan_.rank, "/", plan_.world, " active: ",
-                       plan_.tensors.size(), " tensors, ", plan_.total_bytes, " bytes, ",
-                       plan_.parts.size(), " partitions (", shard_.owned().size(),
+  LogLine(absl::StrCat("job ", id(), " rank ", plan_.rank, "/", plan_.world,
+                       " active: ", plan_.tensors.size(), " tensors, ", plan_.total_bytes,
+                       " bytes, ", plan_.parts.size(), " partitions (", shard_.owned().size(),
                        " owned here), policy ", plan_.policy_name));
   return {};
 }
@@ -147,8 +166,8 @@ void JobRuntime::ConnectPeer_st(uint16_t rank, TimeNs now) {
   auto h = host_.transport_st().Connect_st(creds, p.address, now);
   ++p.connect_attempts;
   if (!h.ok()) {
-    Fail_st(GL_E_INVALID_ARGUMENT, absl::StrCat("job ", id(), ": peer rank ", rank, " (",
-                                                p.address, "): ", h.status().message()));
+    Fail_st(GL_E_INVALID_ARGUMENT, absl::StrCat("job ", id(), ": peer rank ", rank, " (", p.address,
+                                                "): ", h.status().message()));
     return;
   }
   p.out = *h;
@@ -289,14 +308,16 @@ bool JobRuntime::End_st(TimeNs now) {
         now + std::max<TimeNs>(host_.options().transport.peer_timeout, sched::kSecond);
   }
   if (phase_ == Phase::kDraining) {
-    const bool busy = (policy_ != nullptr &&
-                       (policy_->queued_segments() > 0 || policy_->credit_in_use() > 0)) ||
-                      shard_.PullsPending();
+    const bool busy =
+        (policy_ != nullptr && (policy_->queued_segments() > 0 || policy_->credit_in_use() > 0)) ||
+        shard_.PullsPending();
     if (busy && now < drain_deadline_) return false;
     if (int64_t round; shard_.HasOpenRound(&round)) {
       // Peers contributed to a round this rank never will: they must fail, not wait.
-      Fail_st(GL_E_DISCONNECTED, absl::StrCat("job ", id(), ": client left in the middle of "
-                                              "iteration ", round));
+      Fail_st(GL_E_DISCONNECTED, absl::StrCat("job ", id(),
+                                              ": client left in the middle of "
+                                              "iteration ",
+                                              round));
       return true;
     }
     phase_ = Phase::kLeaving;
@@ -383,8 +404,8 @@ void JobRuntime::OnInboundDown_st(uint16_t rank, PeerHandle handle, const absl::
     return;
   }
   // The peer's daemon closed its side of a job that was fully up.
-  Fail_st(StatusFor(why), absl::StrCat("job ", id(), ": connection from rank ", rank,
-                                       " lost: ", why.message()));
+  Fail_st(StatusFor(why),
+          absl::StrCat("job ", id(), ": connection from rank ", rank, " lost: ", why.message()));
 }
 
 void JobRuntime::OnSendAcked_st(const transport::SendCompletion& send, int rank, TimeNs now) {
@@ -397,8 +418,8 @@ void JobRuntime::OnSendAcked_st(const transport::SendCompletion& send, int rank,
       const TimeNs sent = p.send_times[p.send_head++ % p.send_times.size()];
       estimator_.OnAck(send.length, sent, now);
       if (Telemetry* tm = telemetry()) {
-        const sched::Direction dir = (send.cookie & kCookiePull) != 0 ? sched::Direction::kPull
-                                                                      : sched::Direction::kPush;
+        const sched::Direction dir =
+            (send.cookie & kCookiePull) != 0 ? sched::Direction::kPull : sched::Direction::kPush;
         tm->Acked_st(telemetry_tag(), dir, static_cast<uint16_t>(rank),
                      {send.key, send.iteration, send.offset, send.length}, sent, now);
       }
@@ -430,9 +451,8 @@ void JobRuntime::OnSendFailed_st(const transport::SendCompletion& send, const ab
     return;
   }
   Fail_st(absl::IsFailedPrecondition(why) ? GL_E_PROTOCOL : StatusFor(why),
-          absl::StrCat("job ", id(), ": segment (tensor ", sched::KeyTensor(send.key),
-                       ", offset ", send.offset, ", iteration ", send.iteration,
-                       ") failed: ", why.message()));
+          absl::StrCat("job ", id(), ": segment (tensor ", sched::KeyTensor(send.key), ", offset ",
+                       send.offset, ", iteration ", send.iteration, ") failed: ", why.message()));
 }
 
 RecvTarget JobRuntime::ResolveRecv_st(const transport::PeerInfo& peer,
@@ -508,8 +528,10 @@ void JobRuntime::OnLeave_st(uint16_t r) {
   peers_[r].left = true;
   any_left_ = true;
   if (int64_t round; shard_.MissingFrom(r, &round)) {
-    Fail_st(GL_E_DISCONNECTED, absl::StrCat("job ", id(), ": rank ", r, " left the job without "
-                                            "contributing to iteration ", round));
+    Fail_st(GL_E_DISCONNECTED, absl::StrCat("job ", id(), ": rank ", r,
+                                            " left the job without "
+                                            "contributing to iteration ",
+                                            round));
     return;
   }
   // A leaving shard first sends every result it owes (they travel ahead of this frame on the
@@ -538,8 +560,8 @@ void JobRuntime::OnManifest_st(const transport::PeerInfo& peer) {
   Fail_st(GL_E_BAD_TENSOR,
           absl::StrCat("job ", id(), ": rank ", r, " registered ", m.tensor_count, " tensors (",
                        m.total_bytes, " bytes, W=", m.world_size, ", fingerprint ",
-                       absl::Hex(m.fingerprint), "), this rank ", plan_.manifest.tensor_count,
-                       " (", plan_.total_bytes, " bytes, W=", plan_.world, ", fingerprint ",
+                       absl::Hex(m.fingerprint), "), this rank ", plan_.manifest.tensor_count, " (",
+                       plan_.total_bytes, " bytes, W=", plan_.world, ", fingerprint ",
                        absl::Hex(plan_.fingerprint),
                        "): every rank must register the same tensors (name, bytes, dtype) "
                        "in the same order, with the same policy and reduce op, before its "

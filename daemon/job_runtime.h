@@ -253,7 +253,7 @@ class JobRuntime {
   // know the job yet would fail.
   std::vector<JobPeer> peers_;
   uint32_t peers_up_ = 0;
-  bool all_up_ = false;       // every peer was up at once (dispatch may start)
+  bool all_up_ = false;        // every peer was up at once (dispatch may start)
   uint32_t manifests_in_ = 0;  // peers whose manifest arrived and matched
   sched::TimeNs connect_started_ = 0;
 

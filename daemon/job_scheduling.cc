@@ -93,8 +93,7 @@ bool JobRuntime::SendDispatch_st(uint32_t d, size_t from, TimeNs now) {
       return false;
     }
     if (peer.out == transport::kNoPeer) {
-      Fail_st(GL_E_DISCONNECTED,
-              absl::StrCat("job ", id(), ": no connection to rank ", seg.peer));
+      Fail_st(GL_E_DISCONNECTED, absl::StrCat("job ", id(), ": no connection to rank ", seg.peer));
       return false;
     }
     absl::Status s = transport.PostSend_st(peer.out, spec);

@@ -28,8 +28,8 @@
 #include "daemon/config.h"
 #include "daemon/engine.h"
 #include "daemon/ops.h"
-#include "transport/tcp/tcp_transport.h"
 #include "transport/dpdk/dpdk_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace {
 
@@ -50,7 +50,6 @@ void MakeParentDirs(const std::string& path) {
     ::mkdir(dir.c_str(), 0755);
   }
 }
-
 
 }  // namespace
 
@@ -95,20 +94,23 @@ int main(int argc, char** argv) {
   }
 
   // The backend is chosen here; the rest is the same for every one.
-  Engine::TransportFactory make_transport = [](const gradlane::transport::TransportOptions& o,
-                                               gradlane::transport::TransportHandler* h)
-      -> TransportOrError { return gradlane::transport::tcp::TcpTransport::Create(o, h); };
+  Engine::TransportFactory make_transport =
+      [](const gradlane::transport::TransportOptions& o,
+         gradlane::transport::TransportHandler* h) -> TransportOrError {
+    return gradlane::transport::tcp::TcpTransport::Create(o, h);
+  };
   if (transport->name == "dpdk") {
 #ifdef GRADLANE_HAVE_DPDK
-    make_transport = [dpdk = transport->dpdk](const gradlane::transport::TransportOptions& o,
-                                              gradlane::transport::TransportHandler* h)
-        -> TransportOrError {
+    make_transport =
+        [dpdk = transport->dpdk](const gradlane::transport::TransportOptions& o,
+                                 gradlane::transport::TransportHandler* h) -> TransportOrError {
       auto t = gradlane::transport::dpdk::DpdkTransport::Create(o, dpdk, h);
       if (t.ok()) gradlane::daemon::LogLine((*t)->Describe());
       return t;
     };
 #else
-    Die("--transport=dpdk: this gradlaned was built without DPDK (meson -Ddpdk=enabled, libdpdk-dev)");
+    Die("--transport=dpdk: this gradlaned was built without DPDK (meson -Ddpdk=enabled, "
+        "libdpdk-dev)");
 #endif
   }
   {

@@ -66,7 +66,8 @@ class Families {
 // One family per metric of a counter list (transport/counters.h, daemon/engine_counters.h);
 // entries without a metric are left to the status reply.
 template <class Stats, size_t N>
-void EmitCounters(Families& fs, const transport::CounterInfo<Stats> (&list)[N], const Stats& stats) {
+void EmitCounters(Families& fs, const transport::CounterInfo<Stats> (&list)[N],
+                  const Stats& stats) {
   for (const transport::CounterInfo<Stats>& c : list) {
     if (c.metric[0] == '\0') continue;
     const bool gauge = c.type == transport::CounterType::Gauge;
@@ -134,9 +135,10 @@ std::vector<MetricFamily> CollectMetrics(TelemetryHub& hub) {
     fs.Gauge(f, {}, hub.started_unix_seconds());
   }
   if (src.link_bytes_per_second > 0) {
-    MetricFamily& f = fs.Family(
-        "gradlane_link_capacity_bytes_per_second",
-        "configured rate of the NIC port (--link_capacity), for utilization", MetricType::Gauge);
+    MetricFamily& f =
+        fs.Family("gradlane_link_capacity_bytes_per_second",
+                  "configured rate of the NIC port (--link_capacity), for utilization",
+                  MetricType::Gauge);
     fs.Gauge(f, {}, src.link_bytes_per_second);
   }
   {

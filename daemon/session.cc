@@ -33,7 +33,8 @@ Session::Layout Session::ComputeLayout(uint32_t ring_slots, uint64_t arena_bytes
   l.cq_offset = RoundUp(l.sq_offset + shm::RingBytes<gl_sqe>(ring_slots), shm::kPageSize);
   l.data_offset = RoundUp(l.cq_offset + shm::RingBytes<gl_cqe>(ring_slots), shm::kPageSize);
   l.arena_bytes = RoundUp(arena_bytes, shm::kPageSize);
-  if (l.arena_bytes < l.data_offset + shm::kPageSize) l.arena_bytes = l.data_offset + shm::kPageSize;
+  if (l.arena_bytes < l.data_offset + shm::kPageSize)
+    l.arena_bytes = l.data_offset + shm::kPageSize;
   return l;
 }
 
@@ -42,7 +43,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(uint64_t id, shm::Uniqu
                                                          uint32_t ring_slots,
                                                          uint64_t arena_bytes) {
   if (!shm::IsPowerOfTwo(ring_slots)) {
-    return absl::InvalidArgumentError(absl::StrCat("ring slots ", ring_slots, " not a power of two"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring slots ", ring_slots, " not a power of two"));
   }
   const Layout layout = ComputeLayout(ring_slots, arena_bytes);
   auto arena = shm::Arena::Create(absl::StrCat("gradlane-session-", id), layout.arena_bytes);
@@ -134,12 +136,13 @@ absl::Status Session::HandleControl_st(const void* message, size_t length) {
   gl_msg_header h;
   if (length < sizeof(h)) {
     return Reply_st(GL_MSG_REPLY, 0, GL_E_PROTOCOL,
-                 absl::StrCat("control message of ", length, " bytes is shorter than its header"));
+                    absl::StrCat("control message of ", length,
+                                 " bytes is shorter than its header"));
   }
   std::memcpy(&h, message, sizeof(h));
   if (h.length != length) {
     return Reply_st(GL_MSG_REPLY, h.request_id, GL_E_PROTOCOL,
-                 absl::StrCat("header says ", h.length, " bytes, message has ", length));
+                    absl::StrCat("header says ", h.length, " bytes, message has ", length));
   }
   switch (h.type) {
     case GL_MSG_REGISTER_JOB:
@@ -150,7 +153,7 @@ absl::Status Session::HandleControl_st(const void* message, size_t length) {
       return Reply_st(GL_MSG_REPLY, h.request_id, GL_E_PROTOCOL, "session already established");
     default:
       return Reply_st(GL_MSG_REPLY, h.request_id, GL_E_PROTOCOL,
-                   absl::StrCat("unknown control message type ", h.type));
+                      absl::StrCat("unknown control message type ", h.type));
   }
 }
 
@@ -182,8 +185,8 @@ absl::Status Session::HandleRegisterJob_st(const void* message, size_t length,
                 absl::StrCat("rank ", m.rank, " not in a world of ", m.world_size));
   }
   if (m.num_peers != 0 && m.num_peers != m.world_size) {
-    return fail(GL_E_INVALID_ARGUMENT, absl::StrCat(m.num_peers, " peer addresses for ",
-                                                    m.world_size, " ranks"));
+    return fail(GL_E_INVALID_ARGUMENT,
+                absl::StrCat(m.num_peers, " peer addresses for ", m.world_size, " ranks"));
   }
   if (m.num_peers > GL_MAX_PEERS) return fail(GL_E_INVALID_ARGUMENT, "too many peers");
   const char* p = static_cast<const char*>(message) + sizeof(m);
@@ -251,8 +254,10 @@ bool Session::RingHeadersIntact_st() const {
   // the daemon itself only uses its private copies.
   const gl_ring_header* rings[2] = {sq_header_, cq_header_};
   for (const gl_ring_header* h : rings) {
-    if (shm::Shared(const_cast<uint32_t&>(h->magic)).load(std::memory_order_relaxed) != GL_RING_MAGIC ||
-        shm::Shared(const_cast<uint32_t&>(h->slots)).load(std::memory_order_relaxed) != ring_slots_ ||
+    if (shm::Shared(const_cast<uint32_t&>(h->magic)).load(std::memory_order_relaxed) !=
+            GL_RING_MAGIC ||
+        shm::Shared(const_cast<uint32_t&>(h->slots)).load(std::memory_order_relaxed) !=
+            ring_slots_ ||
         shm::Shared(const_cast<uint32_t&>(h->slot_size)).load(std::memory_order_relaxed) != 64) {
       return false;
     }
@@ -278,8 +283,8 @@ gl_status Session::Validate_st(const gl_sqe& e, PostDescriptor* post) {
   // Iterations of one tensor advance by one: a rank never goes back, and skipping one would
   // leave the peers waiting for a contribution that never comes.
   if (e.iteration < 0) return GL_E_BAD_ITERATION;
-  if (t.last_iteration >= 0 &&
-      (e.iteration < t.last_iteration || e.iteration - t.last_iteration > 1)) {  // no overflow at INT64_MAX
+  if (t.last_iteration >= 0 && (e.iteration < t.last_iteration ||
+                                e.iteration - t.last_iteration > 1)) {  // no overflow at INT64_MAX
     return GL_E_BAD_ITERATION;
   }
   if (e.iteration != t.last_iteration) t.posted_count = 0;  // a new iteration starts empty

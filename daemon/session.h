@@ -59,7 +59,7 @@ struct TensorInfo {
   uint64_t bytes = 0;
   sched::DType dtype = sched::DType::kF32;
   int32_t priority = GL_PRIORITY_AUTO;
-  uint64_t offset = 0;  // buffer's offset in the arena
+  uint64_t offset = 0;          // buffer's offset in the arena
   int64_t last_iteration = -1;  // -1: never posted
 
   // Bytes of last_iteration already posted, as disjoint [begin, end) ranges, adjacent ones
@@ -118,8 +118,7 @@ class Session {
   // `socket` is taken only on success (on failure the caller still owns it, to reply).
   static absl::StatusOr<std::unique_ptr<Session>> Create(uint64_t id, shm::UniqueFd&& socket,
                                                          shm::PeerCredentials peer,
-                                                         uint32_t ring_slots,
-                                                         uint64_t arena_bytes);
+                                                         uint32_t ring_slots, uint64_t arena_bytes);
 
   // Sends the hello reply with the arena memfd and both doorbell fds, then drops this side's
   // copy of the memfd (the mapping stays). On the creating thread, before the hand-off.

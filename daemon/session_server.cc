@@ -19,7 +19,13 @@ namespace gradlane::daemon {
 namespace {
 
 enum Kind : uint64_t {
-  kListener = 1, kPending = 2, kSocket = 3, kPidfd = 4, kDoorbell = 5, kHandoff = 6, kStop = 7,
+  kListener = 1,
+  kPending = 2,
+  kSocket = 3,
+  kPidfd = 4,
+  kDoorbell = 5,
+  kHandoff = 6,
+  kStop = 7,
   kRefused = 8
 };
 // A connection refused at accept gets its reply at once, but is closed only once its hello
@@ -52,14 +58,22 @@ void CopyMessage(char (&dst)[GL_MESSAGE_TEXT], const std::string& msg) {
 
 const char* RefusalName(Refusal r) {
   switch (r) {
-    case Refusal::kNotAllowed: return "not_allowed";
-    case Refusal::kPendingFull: return "pending_limit";
-    case Refusal::kPendingPerUid: return "pending_per_uid_limit";
-    case Refusal::kSessionsFull: return "session_limit";
-    case Refusal::kSessionsPerUid: return "sessions_per_uid_limit";
-    case Refusal::kHandshakeTimeout: return "handshake_timeout";
-    case Refusal::kBadHello: return "bad_hello";
-    case Refusal::kCount: break;
+    case Refusal::kNotAllowed:
+      return "not_allowed";
+    case Refusal::kPendingFull:
+      return "pending_limit";
+    case Refusal::kPendingPerUid:
+      return "pending_per_uid_limit";
+    case Refusal::kSessionsFull:
+      return "session_limit";
+    case Refusal::kSessionsPerUid:
+      return "sessions_per_uid_limit";
+    case Refusal::kHandshakeTimeout:
+      return "handshake_timeout";
+    case Refusal::kBadHello:
+      return "bad_hello";
+    case Refusal::kCount:
+      break;
   }
   return "unknown";
 }
@@ -101,7 +115,8 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Create(SessionServ
   if (sink == nullptr && !options.loopback_complete) {
     return absl::InvalidArgumentError("a PostSink is required unless loopback_complete is set");
   }
-  if (!shm::IsPowerOfTwo(options.default_ring_slots) || !shm::IsPowerOfTwo(options.max_ring_slots) ||
+  if (!shm::IsPowerOfTwo(options.default_ring_slots) ||
+      !shm::IsPowerOfTwo(options.max_ring_slots) ||
       options.default_ring_slots > options.max_ring_slots) {
     return absl::InvalidArgumentError("ring slot limits must be powers of two, default <= max");
   }
@@ -206,7 +221,7 @@ int SessionServer::PollOnce_st(sched::TimeNs now) {
     if (corrupt) {
       ++totals_.corrupt_disconnects;
       CloseSession_st(s.id(), GL_E_RING_CORRUPT,
-                   "ring header or index inconsistent: the client corrupted shared memory");
+                      "ring header or index inconsistent: the client corrupted shared memory");
       work += 1;
       continue;  // sessions_[i] now holds another session
     }
@@ -284,7 +299,8 @@ void SessionServer::AcceptorLoop() {
     int timeout_ms = -1;
     auto until = [&](sched::TimeNs deadline) {
       const sched::TimeNs left = deadline > now ? deadline - now : 0;
-      const int ms = static_cast<int>(std::min<sched::TimeNs>(left / sched::kMillisecond + 1, 60000));
+      const int ms =
+          static_cast<int>(std::min<sched::TimeNs>(left / sched::kMillisecond + 1, 60000));
       timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
     };
     for (const auto& p : pending_) until(p->deadline);
@@ -367,8 +383,8 @@ bool SessionServer::AcceptAll(sched::TimeNs now) {
     if (held >= options_.max_pending_per_uid) {
       refuse(GL_E_BUSY, Refusal::kPendingPerUid,
              absl::StrCat("uid ", cred->uid, " already has ", held,
-                          " connections waiting to say hello (limit ",
-                          options_.max_pending_per_uid, ", --max_pending_per_uid)"));
+                          " connections waiting to say hello (limit ", options_.max_pending_per_uid,
+                          ", --max_pending_per_uid)"));
       continue;
     }
     if (pending_.size() >= options_.max_pending) {
@@ -390,8 +406,10 @@ bool SessionServer::AcceptAll(sched::TimeNs now) {
 
 void SessionServer::HoldRefused(shm::UniqueFd socket, sched::TimeNs now) {
   if (refused_.size() >= kMaxRefusedHeld) {
-    auto oldest = std::min_element(refused_.begin(), refused_.end(),
-                                   [](const Refused& a, const Refused& b) { return a.deadline < b.deadline; });
+    auto oldest =
+        std::min_element(refused_.begin(), refused_.end(), [](const Refused& a, const Refused& b) {
+          return a.deadline < b.deadline;
+        });
     *oldest = std::move(refused_.back());
     refused_.pop_back();
   }
@@ -435,8 +453,8 @@ void SessionServer::ReleaseSessionSlot(uid_t uid) {
   if (it != sessions_per_uid_.end() && --it->second == 0) sessions_per_uid_.erase(it);
 }
 
-void SessionServer::RejectHandshake(int fd, uint64_t request_id, gl_status status,
-                                    Refusal reason, const std::string& why) {
+void SessionServer::RejectHandshake(int fd, uint64_t request_id, gl_status status, Refusal reason,
+                                    const std::string& why) {
   gl_hello_reply r{};
   r.header.type = GL_MSG_HELLO_REPLY;
   r.header.length = sizeof(r);
@@ -546,9 +564,9 @@ void SessionServer::HandleSessionSocket_st(uint64_t session_id, uint32_t events)
         std::memcpy(&h, rx_buf_.data(), sizeof(h));
         control_messages_refused_.fetch_add(1, std::memory_order_relaxed);
         if (!s->RefuseControl_st(h.request_id, GL_E_PROTOCOL,
-                              absl::StrCat("control message refused: ", rx.status().message(),
-                                           " (at most ", GL_MAX_CONTROL_MESSAGE, " bytes and ",
-                                           shm::kMaxPassedFds, " file descriptors)"))
+                                 absl::StrCat("control message refused: ", rx.status().message(),
+                                              " (at most ", GL_MAX_CONTROL_MESSAGE, " bytes and ",
+                                              shm::kMaxPassedFds, " file descriptors)"))
                  .ok()) {
           ++totals_.clients_died;
           CloseSession_st(session_id, GL_E_IO, "reply failed");
@@ -656,9 +674,9 @@ void SessionServer::Publish_st() {
     t.arena_bytes_mapped += s.arena_bytes();
     t.tensors_registered += s.tensors_st().size();
   }
-  const uint64_t scalars[10] = {t.sessions_accepted, t.sessions_active, t.sessions_closed,
-                                t.clients_died, t.corrupt_disconnects, t.handshakes_rejected,
-                                t.posts_ok, t.completions, t.bad_descriptors,
+  const uint64_t scalars[10] = {t.sessions_accepted, t.sessions_active,     t.sessions_closed,
+                                t.clients_died,      t.corrupt_disconnects, t.handshakes_rejected,
+                                t.posts_ok,          t.completions,         t.bad_descriptors,
                                 t.arena_bytes_mapped};
   for (int i = 0; i < 10; ++i) published_[i].store(scalars[i], std::memory_order_relaxed);
   for (int k = 0; k < GL_STATUS_COUNT; ++k) {
@@ -670,9 +688,9 @@ void SessionServer::Publish_st() {
 SessionServerStats SessionServer::Stats() const {
   SessionServerStats t;
   t.tensors_registered = tensors_published_.load(std::memory_order_acquire);
-  uint64_t* scalars[10] = {&t.sessions_accepted, &t.sessions_active, &t.sessions_closed,
-                           &t.clients_died, &t.corrupt_disconnects, &t.handshakes_rejected,
-                           &t.posts_ok, &t.completions, &t.bad_descriptors,
+  uint64_t* scalars[10] = {&t.sessions_accepted, &t.sessions_active,     &t.sessions_closed,
+                           &t.clients_died,      &t.corrupt_disconnects, &t.handshakes_rejected,
+                           &t.posts_ok,          &t.completions,         &t.bad_descriptors,
                            &t.arena_bytes_mapped};
   for (int i = 0; i < 10; ++i) *scalars[i] = published_[i].load(std::memory_order_relaxed);
   for (int k = 0; k < GL_STATUS_COUNT; ++k) {

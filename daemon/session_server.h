@@ -107,8 +107,8 @@ struct SessionServerStats {
   uint64_t sessions_accepted = 0;
   uint64_t sessions_active = 0;
   uint64_t sessions_closed = 0;
-  uint64_t clients_died = 0;          // pidfd exit or socket hang-up
-  uint64_t corrupt_disconnects = 0;   // ring headers/indices broken by the client
+  uint64_t clients_died = 0;         // pidfd exit or socket hang-up
+  uint64_t corrupt_disconnects = 0;  // ring headers/indices broken by the client
   uint64_t handshakes_rejected = 0;
   std::array<uint64_t, GL_STATUS_COUNT> rejected_by_status{};
   std::array<uint64_t, static_cast<int>(Refusal::kCount)> refused_by_reason{};
@@ -117,8 +117,8 @@ struct SessionServerStats {
   uint64_t completions = 0;
   uint64_t bad_descriptors = 0;
   std::array<uint64_t, GL_STATUS_COUNT> bad_by_status{};
-  uint64_t arena_bytes_mapped = 0;    // sum over live sessions
-  uint64_t tensors_registered = 0;    // live sessions' tensors
+  uint64_t arena_bytes_mapped = 0;  // sum over live sessions
+  uint64_t tensors_registered = 0;  // live sessions' tensors
 };
 
 class SessionServer {
@@ -175,8 +175,7 @@ class SessionServer {
   void AcceptorWatch(int fd, uint64_t token, uint32_t events);
   // False when accept failed for a reason other than an empty backlog (EMFILE, ENOMEM).
   bool AcceptAll(sched::TimeNs now);
-  void HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf)
-      ABSL_LOCKS_EXCLUDED(handoff_mu_);
+  void HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf) ABSL_LOCKS_EXCLUDED(handoff_mu_);
   // Sends a gl_hello_reply with `status` and `why` on `fd` (best effort) and counts it.
   void RejectHandshake(int fd, uint64_t request_id, gl_status status, Refusal reason,
                        const std::string& why);
@@ -219,7 +218,7 @@ class SessionServer {
     shm::UniqueFd socket;
     sched::TimeNs deadline;
   };
-  std::vector<Refused> refused_;  // acceptor thread only
+  std::vector<Refused> refused_;                          // acceptor thread only
   absl::flat_hash_map<uid_t, uint32_t> pending_per_uid_;  // acceptor thread only
   Mutex uid_sessions_mu_;
   absl::flat_hash_map<uid_t, uint32_t> sessions_per_uid_ ABSL_GUARDED_BY(uid_sessions_mu_);

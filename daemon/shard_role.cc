@@ -137,8 +137,8 @@ void ShardRole::TryReduce_st(OwnedPart& o) {
       contributions[r] = r == job_.rank() ? local : Slot(o, r, p);
     }
     std::byte* out = Slot(o, job_.rank(), p);
-    absl::Status s = ps::ReduceInRankOrder(
-        t.spec.dtype, absl::MakeConstSpan(contributions, world), p.length, plan.reduce, out);
+    absl::Status s = ps::ReduceInRankOrder(t.spec.dtype, absl::MakeConstSpan(contributions, world),
+                                           p.length, plan.reduce, out);
     if (!s.ok()) {
       job_.Fail_st(GL_E_INTERNAL, absl::StrCat("job ", job_.id(), ": reduce: ", s.message()));
       return;
@@ -196,8 +196,8 @@ void ShardRole::FoldRange_st(OwnedPart& o, uint32_t rank, uint64_t offset, uint6
   std::byte* out = Slot(o, job_.rank(), p) + offset;
   // Cannot fail: the dtype was checked when the job was registered and `bytes` is a whole
   // number of elements.
-  (void)ps::ReduceInRankOrder(t.spec.dtype, absl::MakeConstSpan(contributions, job_.world()),
-                              bytes, plan.reduce, out);
+  (void)ps::ReduceInRankOrder(t.spec.dtype, absl::MakeConstSpan(contributions, job_.world()), bytes,
+                              plan.reduce, out);
   // `out` was just written: this copy reads it from cache.
   std::memcpy(local, out, bytes);
 }

@@ -51,8 +51,8 @@ class ShardRole {
   transport::RecvTarget PushTarget_st(OwnedPart& o, uint32_t rank,
                                       const transport::FrameHeader& header, uint64_t cookie);
   // A push's payload in pieces (transports that hand packets over): folds or places each.
-  void OnPushPiece_st(uint32_t rank, const transport::FrameHeader& header,
-                      uint64_t segment_offset, std::span<const uint8_t> bytes);
+  void OnPushPiece_st(uint32_t rank, const transport::FrameHeader& header, uint64_t segment_offset,
+                      std::span<const uint8_t> bytes);
   // A push from `rank` was placed whole.
   void OnPushDone_st(Part& part, uint32_t rank) { OnContributed_st(owned_[part.owned], rank); }
   // `bytes` of the pull responses of `part` were acknowledged: the result slot may be reused.

@@ -234,8 +234,8 @@ class Telemetry {
   // positional TelemetryEvent itself.
   void Posted_st(TelemetryJob job, sched::Priority priority, const SpanRef& post,
                  sched::TimeNs now) {
-    Emit_st({EventType::kPosted, 0, 0, job.slot, job.generation, priority, post.key,
-             post.iteration, post.offset, post.length, 0, now});
+    Emit_st({EventType::kPosted, 0, 0, job.slot, job.generation, priority, post.key, post.iteration,
+             post.offset, post.length, 0, now});
   }
   void PostDone_st(TelemetryJob job, int32_t gl_status, const SpanRef& post, sched::TimeNs now) {
     Emit_st({EventType::kPostDone, 0, 0, job.slot, job.generation, gl_status, post.key,
@@ -253,17 +253,17 @@ class Telemetry {
   }
   void Acked_st(TelemetryJob job, sched::Direction direction, uint16_t peer, const SpanRef& seg,
                 sched::TimeNs sent_at, sched::TimeNs now) {
-    Emit_st({EventType::kAcked, static_cast<uint8_t>(direction), peer, job.slot, job.generation,
-             0, seg.key, seg.iteration, seg.offset, seg.length, sent_at, now});
+    Emit_st({EventType::kAcked, static_cast<uint8_t>(direction), peer, job.slot, job.generation, 0,
+             seg.key, seg.iteration, seg.offset, seg.length, sent_at, now});
   }
   void Received_st(TelemetryJob job, sched::Direction direction, uint16_t peer,
                    sched::Priority priority, const SpanRef& seg, sched::TimeNs now) {
-    Emit_st({EventType::kReceived, static_cast<uint8_t>(direction), peer, job.slot,
-             job.generation, priority, seg.key, seg.iteration, seg.offset, seg.length, 0, now});
+    Emit_st({EventType::kReceived, static_cast<uint8_t>(direction), peer, job.slot, job.generation,
+             priority, seg.key, seg.iteration, seg.offset, seg.length, 0, now});
   }
   void RoundOpened_st(TelemetryJob job, const SpanRef& part, sched::TimeNs now) {
-    Emit_st({EventType::kRoundOpened, 0, 0, job.slot, job.generation, 0, part.key,
-             part.iteration, part.offset, part.length, 0, now});
+    Emit_st({EventType::kRoundOpened, 0, 0, job.slot, job.generation, 0, part.key, part.iteration,
+             part.offset, part.length, 0, now});
   }
   void RoundReduced_st(TelemetryJob job, sched::Priority priority, const SpanRef& part,
                        sched::TimeNs now) {

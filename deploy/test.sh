@@ -13,6 +13,9 @@ T_START=$SECONDS
 phase() { echo "== $* (at $((SECONDS - T_START)) s, load average $(cut -d' ' -f1-3 /proc/loadavg))"; }
 phase "install what is missing"
 bash deploy/install-deps.sh
+# The C and C++ sources follow .clang-format (deploy/format.sh fixes them in place).
+phase "format check"
+bash deploy/format.sh --check
 
 jobs=$(nproc)
 run_suite() {  # build_dir, "meson test" extra args (split on spaces), meson setup args...

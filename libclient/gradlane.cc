@@ -102,13 +102,20 @@ int Disconnect(gl_client* c, int daemon_status, const std::string& why) {
 
 int FromStatus(const absl::Status& s) {
   switch (s.code()) {
-    case absl::StatusCode::kOk: return GL_OK;
-    case absl::StatusCode::kDeadlineExceeded: return GL_E_TIMEOUT;
-    case absl::StatusCode::kPermissionDenied: return GL_E_PERMISSION;
-    case absl::StatusCode::kNotFound: return GL_E_DISCONNECTED;
-    case absl::StatusCode::kInvalidArgument: return GL_E_INVALID_ARGUMENT;
-    case absl::StatusCode::kOutOfRange: return GL_E_PROTOCOL;
-    default: return GL_E_IO;
+    case absl::StatusCode::kOk:
+      return GL_OK;
+    case absl::StatusCode::kDeadlineExceeded:
+      return GL_E_TIMEOUT;
+    case absl::StatusCode::kPermissionDenied:
+      return GL_E_PERMISSION;
+    case absl::StatusCode::kNotFound:
+      return GL_E_DISCONNECTED;
+    case absl::StatusCode::kInvalidArgument:
+      return GL_E_INVALID_ARGUMENT;
+    case absl::StatusCode::kOutOfRange:
+      return GL_E_PROTOCOL;
+    default:
+      return GL_E_IO;
   }
 }
 
@@ -138,8 +145,8 @@ int ReadSocketEvent(gl_client* c) {
     if (rx->bytes == sizeof(r) && r.header.type == GL_MSG_GOODBYE) {
       r.message[GL_MESSAGE_TEXT - 1] = '\0';
       return Disconnect(c, r.status,
-                        absl::StrCat("daemon closed the session (", gl_strerror(r.status), "): ",
-                                     r.message));
+                        absl::StrCat("daemon closed the session (", gl_strerror(r.status),
+                                     "): ", r.message));
     }
     // A late reply to a request that timed out: drop it and look again.
   }
@@ -182,28 +189,50 @@ extern "C" {
 
 const char* gl_strerror(int status) {
   switch (status) {
-    case GL_OK: return "ok";
-    case GL_E_INVALID_ARGUMENT: return "invalid argument";
-    case GL_E_BAD_MAGIC: return "bad magic: not a gradlane peer";
-    case GL_E_BAD_VERSION: return "ABI version mismatch between client and daemon";
-    case GL_E_PERMISSION: return "permission denied by the daemon's uid/gid policy";
-    case GL_E_NO_MEMORY: return "out of arena memory or over a daemon limit";
-    case GL_E_AGAIN: return "submission ring full: consume completions and retry";
-    case GL_E_TIMEOUT: return "timed out";
-    case GL_E_DISCONNECTED: return "disconnected from the daemon";
-    case GL_E_PROTOCOL: return "protocol error in a control message";
-    case GL_E_BAD_TENSOR: return "unknown tensor id";
-    case GL_E_BAD_RANGE: return "byte range empty, outside the tensor or not whole elements";
-    case GL_E_BAD_ITERATION: return "iteration negative, going backwards or skipping ahead";
-    case GL_E_BAD_OPCODE: return "unknown descriptor opcode";
-    case GL_E_BAD_DESCRIPTOR: return "descriptor flags or reserved fields not zero";
-    case GL_E_NO_JOB: return "no job registered in this session";
-    case GL_E_ALREADY_EXISTS: return "already registered";
-    case GL_E_RING_CORRUPT: return "shared ring corrupted";
-    case GL_E_IO: return "system call failed";
-    case GL_E_INTERNAL: return "internal error";
-    case GL_E_BUSY: return "the daemon is at a connection or session limit: retry later";
-    default: return "unknown status";
+    case GL_OK:
+      return "ok";
+    case GL_E_INVALID_ARGUMENT:
+      return "invalid argument";
+    case GL_E_BAD_MAGIC:
+      return "bad magic: not a gradlane peer";
+    case GL_E_BAD_VERSION:
+      return "ABI version mismatch between client and daemon";
+    case GL_E_PERMISSION:
+      return "permission denied by the daemon's uid/gid policy";
+    case GL_E_NO_MEMORY:
+      return "out of arena memory or over a daemon limit";
+    case GL_E_AGAIN:
+      return "submission ring full: consume completions and retry";
+    case GL_E_TIMEOUT:
+      return "timed out";
+    case GL_E_DISCONNECTED:
+      return "disconnected from the daemon";
+    case GL_E_PROTOCOL:
+      return "protocol error in a control message";
+    case GL_E_BAD_TENSOR:
+      return "unknown tensor id";
+    case GL_E_BAD_RANGE:
+      return "byte range empty, outside the tensor or not whole elements";
+    case GL_E_BAD_ITERATION:
+      return "iteration negative, going backwards or skipping ahead";
+    case GL_E_BAD_OPCODE:
+      return "unknown descriptor opcode";
+    case GL_E_BAD_DESCRIPTOR:
+      return "descriptor flags or reserved fields not zero";
+    case GL_E_NO_JOB:
+      return "no job registered in this session";
+    case GL_E_ALREADY_EXISTS:
+      return "already registered";
+    case GL_E_RING_CORRUPT:
+      return "shared ring corrupted";
+    case GL_E_IO:
+      return "system call failed";
+    case GL_E_INTERNAL:
+      return "internal error";
+    case GL_E_BUSY:
+      return "the daemon is at a connection or session limit: retry later";
+    default:
+      return "unknown status";
   }
 }
 
@@ -237,7 +266,8 @@ int gl_connect(const gl_connect_options* options, gl_client** out) {
 
   auto sock = gradlane::shm::ConnectUnix(path);
   if (!sock.ok()) {
-    return Fail(nullptr, absl::IsPermissionDenied(sock.status()) ? GL_E_PERMISSION : GL_E_DISCONNECTED,
+    return Fail(nullptr,
+                absl::IsPermissionDenied(sock.status()) ? GL_E_PERMISSION : GL_E_DISCONNECTED,
                 absl::StrCat("cannot reach the gradlane daemon: ", sock.status().message()));
   }
   c->socket = std::move(*sock);
@@ -276,7 +306,8 @@ int gl_connect(const gl_connect_options* options, gl_client** out) {
                              GL_ABI_VERSION));
   }
   if (rx->num_fds != 3) {
-    return Fail(nullptr, GL_E_PROTOCOL, absl::StrCat("hello reply carried ", rx->num_fds, " fds, want 3"));
+    return Fail(nullptr, GL_E_PROTOCOL,
+                absl::StrCat("hello reply carried ", rx->num_fds, " fds, want 3"));
   }
   auto arena = Arena::Map(std::move(fds[0]), r.arena_bytes);
   if (!arena.ok()) return Fail(nullptr, GL_E_PROTOCOL, std::string(arena.status().message()));
@@ -340,8 +371,8 @@ int gl_register_job(gl_client* c, const gl_job_info* job) {
   return Request(c, msg.data(), static_cast<uint32_t>(msg.size()), m.header.request_id, &r);
 }
 
-int gl_register_tensor(gl_client* c, const char* name, uint64_t bytes, int dtype,
-                       int32_t priority, uint32_t* tensor_id, void** buffer) {
+int gl_register_tensor(gl_client* c, const char* name, uint64_t bytes, int dtype, int32_t priority,
+                       uint32_t* tensor_id, void** buffer) {
   if (c == nullptr || name == nullptr || tensor_id == nullptr || buffer == nullptr) {
     return Fail(c, GL_E_INVALID_ARGUMENT, "NULL argument");
   }

@@ -42,17 +42,17 @@ typedef struct gl_connect_options {
 } gl_connect_options;
 
 typedef struct gl_job_info {
-  const char* job_id;           /* non-empty, < GL_JOB_ID_BYTES */
+  const char* job_id; /* non-empty, < GL_JOB_ID_BYTES */
   uint32_t rank;
   uint32_t world_size;
-  const char* const* peers;     /* world_size "host:port" daemon addresses, or NULL */
-  uint32_t num_peers;           /* world_size, or 0 */
-  const char* policy;           /* e.g. "bytescheduler"; NULL = daemon default */
-  const char* auth_token;       /* NULL = none */
+  const char* const* peers; /* world_size "host:port" daemon addresses, or NULL */
+  uint32_t num_peers;       /* world_size, or 0 */
+  const char* policy;       /* e.g. "bytescheduler"; NULL = daemon default */
+  const char* auth_token;   /* NULL = none */
 } gl_job_info;
 
 typedef struct gl_completion {
-  int32_t status;      /* gl_status: GL_OK, or why the descriptor was refused */
+  int32_t status; /* gl_status: GL_OK, or why the descriptor was refused */
   uint32_t tensor_id;
   int64_t iteration;
   uint64_t offset;
@@ -79,8 +79,8 @@ int gl_register_job(gl_client* c, const gl_job_info* job);
 
 /* Registers a tensor; the daemon places its buffer in the arena. `priority` >= 0 (0 = most
  * urgent) or GL_PRIORITY_AUTO. `dtype` is a gl_dtype. */
-int gl_register_tensor(gl_client* c, const char* name, uint64_t bytes, int dtype,
-                       int32_t priority, uint32_t* tensor_id, void** buffer);
+int gl_register_tensor(gl_client* c, const char* name, uint64_t bytes, int dtype, int32_t priority,
+                       uint32_t* tensor_id, void** buffer);
 
 /* Posts "bytes [offset, offset+length) of the tensor are ready for `iteration`"
  * (length GL_WHOLE_TENSOR = from offset to the end). GL_E_AGAIN if the submission ring is

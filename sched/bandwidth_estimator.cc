@@ -140,8 +140,7 @@ std::optional<TimeNs> BandwidthEstimator::MinRtt() const {
 
 uint64_t BandwidthEstimator::BdpBytes() const {
   if (!bandwidth_.has_value() || !has_rtt_) return options_.min_bdp_bytes;
-  const double bdp =
-      *bandwidth_ * static_cast<double>(min_rtt_) / static_cast<double>(kSecond);
+  const double bdp = *bandwidth_ * static_cast<double>(min_rtt_) / static_cast<double>(kSecond);
   // Guard the conversion: a double beyond uint64 range is undefined behaviour to cast.
   constexpr double kMaxBytes = 9.0e18;
   const double clamped = std::min(bdp, kMaxBytes);

@@ -16,9 +16,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // std::uniform_real_distribution's algorithm is implementation-defined; this one is not, so
 // a seed means the same candidates everywhere.
-double UnitDouble(std::mt19937_64& rng) {
-  return static_cast<double>(rng() >> 11) * 0x1.0p-53;
-}
+double UnitDouble(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 
 // In-place Cholesky of the row-major n×n symmetric matrix `a` (lower triangle read and
 // written; the upper triangle is zeroed). False if `a` is not numerically positive definite.
@@ -183,9 +181,9 @@ absl::StatusOr<BoTuner> BoTuner::Create(const TunerBounds& bounds, uint64_t seed
     return absl::InvalidArgumentError("bo tuner: lower bounds must be > 0 bytes");
   }
   if (bounds.min_partition_bytes > bounds.max_partition_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bo tuner: partition bounds inverted: [", bounds.min_partition_bytes, ", ",
-        bounds.max_partition_bytes, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("bo tuner: partition bounds inverted: [",
+                                                   bounds.min_partition_bytes, ", ",
+                                                   bounds.max_partition_bytes, "]"));
   }
   if (bounds.min_credit_bytes > bounds.max_credit_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("bo tuner: credit bounds inverted: [",
@@ -287,9 +285,9 @@ absl::Status BoTuner::Observe(const TunerParams& params, double speed) {
       params.partition_bytes > bounds_.max_partition_bytes ||
       params.credit_bytes < bounds_.min_credit_bytes ||
       params.credit_bytes > bounds_.max_credit_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bo tuner: (partition ", params.partition_bytes, ", credit ", params.credit_bytes,
-        ") outside the bounds"));
+    return absl::InvalidArgumentError(absl::StrCat("bo tuner: (partition ", params.partition_bytes,
+                                                   ", credit ", params.credit_bytes,
+                                                   ") outside the bounds"));
   }
   if (trials_.size() >= static_cast<size_t>(kMaxObservations)) {
     return absl::ResourceExhaustedError(
@@ -363,8 +361,8 @@ absl::Status BoTuner::Plan() {
   };
   for (const GpPoint& c : candidates_) consider(c);
   for (const GpPoint& off : local_offsets_) {
-    consider({std::clamp(incumbent[0] + off[0], 0.0, 1.0),
-              std::clamp(incumbent[1] + off[1], 0.0, 1.0)});
+    consider(
+        {std::clamp(incumbent[0] + off[0], 0.0, 1.0), std::clamp(incumbent[1] + off[1], 0.0, 1.0)});
   }
   next_ = FromUnit(arg);
   next_ei_ = best_ei * scale;

@@ -96,8 +96,7 @@ class GaussianProcess {
   // InvalidArgument if the sizes differ, there are no points or more than kMaxPoints, a value
   // is not finite, or the hyperparameters are out of range; FailedPrecondition if the kernel
   // matrix cannot be factorised even with added jitter.
-  static absl::StatusOr<GaussianProcess> Fit(std::span<const GpPoint> x,
-                                             std::span<const double> y,
+  static absl::StatusOr<GaussianProcess> Fit(std::span<const GpPoint> x, std::span<const double> y,
                                              const GpHyperparameters& hyper);
 
   static constexpr int kMaxPoints = 64;

@@ -81,8 +81,8 @@ absl::StatusOr<Dag> Dag::Create(std::vector<DagTensor> tensors, std::vector<DagO
       return Invalid(absl::StrCat("duplicate tensor name '", tensors[t].name, "'"));
     }
     if (!tensor_ids.emplace(tensors[t].id, t).second) {
-      return Invalid(absl::StrCat("duplicate tensor id ", tensors[t].id, " (tensor '",
-                                  tensors[t].name, "')"));
+      return Invalid(
+          absl::StrCat("duplicate tensor id ", tensors[t].id, " (tensor '", tensors[t].name, "')"));
     }
   }
 
@@ -113,12 +113,11 @@ absl::StatusOr<Dag> Dag::Create(std::vector<DagTensor> tensors, std::vector<DagO
                                     "' has a duration; communication time comes from its "
                                     "tensor's bytes"));
       }
-      std::vector<int32_t>& slot =
-          op.kind == OpKind::kRecv ? dag.recv_of_ : dag.send_of_;
+      std::vector<int32_t>& slot = op.kind == OpKind::kRecv ? dag.recv_of_ : dag.send_of_;
       if (slot[op.tensor] != -1) {
         return Invalid(absl::StrCat("tensor '", tensors[op.tensor].name, "' has two ",
-                                    std::string(OpKindName(op.kind)), " ops: '", ops[slot[op.tensor]].name,
-                                    "' and '", op.name, "'"));
+                                    std::string(OpKindName(op.kind)), " ops: '",
+                                    ops[slot[op.tensor]].name, "' and '", op.name, "'"));
       }
       slot[op.tensor] = i;
     }
@@ -229,8 +228,8 @@ absl::StatusOr<Dag> ParseDagJson(std::string_view text) {
       auto id = t.find("id");
       if (id != t.end()) {
         if (!id->is_number_unsigned() || id->get<uint64_t>() > UINT32_MAX) {
-          return Invalid(absl::StrCat("tensor '", tensor.name,
-                                      "': 'id' must be an integer in [0, 2^32)"));
+          return Invalid(
+              absl::StrCat("tensor '", tensor.name, "': 'id' must be an integer in [0, 2^32)"));
         }
         tensor.id = static_cast<uint32_t>(id->get<uint64_t>());
       }
@@ -275,8 +274,8 @@ absl::StatusOr<Dag> ParseDagJson(std::string_view text) {
     } else if (kind_s == "send") {
       op.kind = OpKind::kSend;
     } else {
-      return Invalid(absl::StrCat(where, " has unknown kind '", kind_s,
-                                  "' (expected compute, recv or send)"));
+      return Invalid(
+          absl::StrCat(where, " has unknown kind '", kind_s, "' (expected compute, recv or send)"));
     }
     auto duration = o.find("duration_us");
     if (op.kind == OpKind::kCompute) {
@@ -302,8 +301,8 @@ absl::StatusOr<Dag> ParseDagJson(std::string_view text) {
       }
       auto t = tensor_index.find(tensor->get<std::string>());
       if (t == tensor_index.end()) {
-        return Invalid(absl::StrCat(where, " references unknown tensor '",
-                                    tensor->get<std::string>(), "'"));
+        return Invalid(
+            absl::StrCat(where, " references unknown tensor '", tensor->get<std::string>(), "'"));
       }
       op.tensor = t->second;
     }
@@ -316,8 +315,8 @@ absl::StatusOr<Dag> ParseDagJson(std::string_view text) {
         }
         auto it = op_index.find(d.get<std::string>());
         if (it == op_index.end()) {
-          return Invalid(absl::StrCat(where, " depends on unknown op '", d.get<std::string>(),
-                                      "'"));
+          return Invalid(
+              absl::StrCat(where, " depends on unknown op '", d.get<std::string>(), "'"));
         }
         op.deps.push_back(it->second);
       }
@@ -356,8 +355,7 @@ absl::StatusOr<Dag> BuildChainDag(absl::Span<const ChainLayer> layers) {
     bwd[i] = static_cast<int>(ops.size());
     ops.push_back(std::move(b));
     if (tensor[i] >= 0) {
-      ops.push_back({absl::StrCat("send.", layers[i].name), OpKind::kSend, 0, tensor[i],
-                     {bwd[i]}});
+      ops.push_back({absl::StrCat("send.", layers[i].name), OpKind::kSend, 0, tensor[i], {bwd[i]}});
     }
   }
   return Dag::Create(std::move(tensors), std::move(ops));

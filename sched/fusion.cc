@@ -21,7 +21,8 @@ class MaxMinTable {
     table.max_r_ = max_r;
     table.prefix_.assign(n + 1, 0);
     for (int i = 0; i < n; ++i) {
-      if (sizes[i] > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) - table.prefix_[i]) {
+      if (sizes[i] >
+          static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) - table.prefix_[i]) {
         return absl::InvalidArgumentError("tensor sizes sum past 2^63 bytes");
       }
       table.prefix_[i + 1] = table.prefix_[i] + static_cast<int64_t>(sizes[i]);

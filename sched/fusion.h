@@ -39,11 +39,11 @@ struct ChainPartition {
 absl::StatusOr<ChainPartition> MaxMinPartition(absl::Span<const uint64_t> sizes, int groups);
 
 struct FusionPlan {
-  int groups = 0;                                // R*
-  std::vector<std::vector<int32_t>> members;     // per fused tensor: job indices, chain order
+  int groups = 0;                             // R*
+  std::vector<std::vector<int32_t>> members;  // per fused tensor: job indices, chain order
   PaceInstance fused;  // one job per fused tensor; fused.tensor holds its first member's tensor
-  PreemptiveSchedule schedule;                   // Horn's rule on `fused`
-  TimeNs iteration_time = 0;                     // max(objective, compute floor)
+  PreemptiveSchedule schedule;  // Horn's rule on `fused`
+  TimeNs iteration_time = 0;    // max(objective, compute floor)
 };
 
 // Alg. 1 on an unfused instance (from BuildPaceInstance): tries R = 1..max_groups (0: all, up

@@ -28,8 +28,8 @@ absl::StatusOr<TimeNs> ReadMicros(const Json& obj, const char* field, const std:
     return absl::InvalidArgumentError(absl::StrCat(where, ": missing field \"", field, "\""));
   }
   if (!it->is_number()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": field \"", field,
-                                                   "\" must be a number, got ", it->type_name()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": field \"", field, "\" must be a number, got ", it->type_name()));
   }
   const double us = it->get<double>();
   if (!std::isfinite(us) || us < 0) {
@@ -57,8 +57,8 @@ absl::StatusOr<uint64_t> ReadBytes(const Json& obj, const char* field, const std
     return v;
   }
   if (it->is_number_integer()) {  // signed and not unsigned: negative
-    return absl::InvalidArgumentError(absl::StrCat(where, ": field \"", field,
-                                                   "\" must be >= 0, got ", it->get<int64_t>()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": field \"", field, "\" must be >= 0, got ", it->get<int64_t>()));
   }
   if (it->is_number_float()) {
     // Some generators write sizes as 37632.0; accept those, refuse fractions.
@@ -114,8 +114,8 @@ absl::StatusOr<ModelProfile> ParseModelProfile(std::string_view json_text) {
     return absl::InvalidArgumentError("model profile: missing field \"model\"");
   }
   if (!model->is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model profile: field \"model\" must be a string, got ", model->type_name()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model profile: field \"model\" must be a string, got ", model->type_name()));
   }
   profile.model = model->get<std::string>();
 
@@ -123,9 +123,8 @@ absl::StatusOr<ModelProfile> ParseModelProfile(std::string_view json_text) {
   // file may leave them out, but a present one must have the right type.
   if (auto it = root.find("batch_size"); it != root.end()) {
     if (!it->is_number_integer() || it->get<int64_t>() < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model profile: field \"batch_size\" must be a positive integer, got ",
-                       it->dump()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model profile: field \"batch_size\" must be a positive integer, got ", it->dump()));
     }
     profile.batch_size = it->get<int64_t>();
   }
@@ -154,8 +153,8 @@ absl::StatusOr<ModelProfile> ParseModelProfile(std::string_view json_text) {
   for (size_t i = 0; i < layers->size(); ++i) {
     const Json& l = (*layers)[i];
     if (!l.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat("model profile: layers[", i,
-                                                     "] must be an object, got ", l.type_name()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model profile: layers[", i, "] must be an object, got ", l.type_name()));
     }
     ModelLayer layer;
     auto name = l.find("name");
@@ -164,9 +163,9 @@ absl::StatusOr<ModelProfile> ParseModelProfile(std::string_view json_text) {
           absl::StrCat("model profile: layers[", i, "]: missing field \"name\""));
     }
     if (!name->is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model profile: layers[", i, "]: field \"name\" must be a string, got ",
-          name->type_name()));
+      return absl::InvalidArgumentError(absl::StrCat("model profile: layers[", i,
+                                                     "]: field \"name\" must be a string, got ",
+                                                     name->type_name()));
     }
     layer.name = name->get<std::string>();
     const std::string where = absl::StrCat("model profile: ", LayerWhere(i, layer.name));
@@ -193,10 +192,10 @@ absl::StatusOr<ModelProfile> ParseModelProfile(std::string_view json_text) {
     // Mixing given and derived ready times would put two timelines in one backward pass.
     for (size_t i = 0; i < layers->size(); ++i) {
       if (!(*layers)[i].contains("ready_us")) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "model profile: ready_us is given for ", with_ready, " of ", profile.layers.size(),
-            " layers; give it for all or none (first missing: ",
-            LayerWhere(i, profile.layers[i].name), ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("model profile: ready_us is given for ", with_ready, " of ",
+                         profile.layers.size(), " layers; give it for all or none (first missing: ",
+                         LayerWhere(i, profile.layers[i].name), ")"));
       }
     }
   }
@@ -204,9 +203,9 @@ absl::StatusOr<ModelProfile> ParseModelProfile(std::string_view json_text) {
   long double total_us = 0;
   for (const ModelLayer& l : profile.layers) total_us += (l.fwd_ns + l.bwd_ns) / 1000.0L;
   if (total_us > kMaxMicros) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model profile: total fwd_us + bwd_us is implausibly large: ",
-        static_cast<double>(total_us)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model profile: total fwd_us + bwd_us is implausibly large: ",
+                     static_cast<double>(total_us)));
   }
   profile.explicit_ready_times = with_ready != 0;
   if (!profile.explicit_ready_times) {

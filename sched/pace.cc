@@ -21,7 +21,8 @@ absl::StatusOr<AllReduceCost> RingAllReduceCost(int workers, double link_bytes_p
   }
   if (fixed < 0) return absl::InvalidArgumentError("fixed all-reduce overhead is negative");
   const double w = workers;
-  const double per_byte_s = (2.0 * (w - 1) / w) / link_bytes_per_s + ((w - 1) / w) / reduce_bytes_per_s;
+  const double per_byte_s =
+      (2.0 * (w - 1) / w) / link_bytes_per_s + ((w - 1) / w) / reduce_bytes_per_s;
   return AllReduceCost{fixed, per_byte_s * 1e9};
 }
 

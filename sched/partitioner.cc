@@ -13,9 +13,9 @@ absl::Status PartitionPlan::ValidateRange(uint64_t offset, uint64_t length, DTyp
   }
   const uint64_t elem = DTypeBytes(dtype);
   if (offset % elem != 0 || length % elem != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("range [", offset, ", +", length,
-                                                   ") is not aligned to ", std::string(DTypeName(dtype)),
-                                                   " elements (", elem, " bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("range [", offset, ", +", length, ") is not aligned to ",
+                     std::string(DTypeName(dtype)), " elements (", elem, " bytes)"));
   }
   return absl::OkStatus();
 }

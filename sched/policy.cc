@@ -25,14 +25,14 @@ constexpr double kMaxBandwidth = 1e13;               // 80 Tbit/s
 absl::Status Validate(const PolicyConfig& c) {
   if (c.partition_bytes != 0 &&
       (c.partition_bytes < kMinPartitionBytes || c.partition_bytes > kMaxPartitionBytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("partition_bytes=", c.partition_bytes, " out of range: 0 (policy default) or ",
-                     kMinPartitionBytes, "..", kMaxPartitionBytes));
+    return absl::InvalidArgumentError(absl::StrCat("partition_bytes=", c.partition_bytes,
+                                                   " out of range: 0 (policy default) or ",
+                                                   kMinPartitionBytes, "..", kMaxPartitionBytes));
   }
   if (c.credit_bytes > kMaxCreditBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("credit_bytes=", c.credit_bytes, " out of range: 0 (policy default) or up to ",
-                     kMaxCreditBytes));
+    return absl::InvalidArgumentError(absl::StrCat("credit_bytes=", c.credit_bytes,
+                                                   " out of range: 0 (policy default) or up to ",
+                                                   kMaxCreditBytes));
   }
   if (!std::isfinite(c.initial_bandwidth_bytes_per_s) ||
       c.initial_bandwidth_bytes_per_s < kMinBandwidth ||
@@ -42,9 +42,8 @@ absl::Status Validate(const PolicyConfig& c) {
                      " out of range: ", kMinBandwidth, "..", kMaxBandwidth, " bytes/s"));
   }
   if (c.per_message_overhead_ns < 0 || c.per_message_overhead_ns > kSecond) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("per_message_overhead_ns=", c.per_message_overhead_ns,
-                     " out of range: 0..", kSecond));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "per_message_overhead_ns=", c.per_message_overhead_ns, " out of range: 0..", kSecond));
   }
   return absl::OkStatus();
 }
@@ -60,9 +59,9 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(const PolicyConfig& config) {
   if (config.name == "bytescheduler") return ByteSchedulerPolicy::Create(config);
   if (config.name == "prophet") return std::unique_ptr<Policy>(ProphetPolicy::Create(config));
   if (config.name == "gradlane") return std::unique_ptr<Policy>(GradlanePolicy::Create(config));
-  return absl::InvalidArgumentError(absl::StrCat("unknown policy '", config.name,
-                                                 "' (expected one of: ",
-                                                 absl::StrJoin(PolicyNames(), ", "), ")"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown policy '", config.name,
+                   "' (expected one of: ", absl::StrJoin(PolicyNames(), ", "), ")"));
 }
 
 const std::vector<std::string>& PolicyNames() {

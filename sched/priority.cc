@@ -116,9 +116,8 @@ absl::StatusOr<std::vector<Priority>> AssignPriorities(PriorityMode mode,
   }
 
   if (dag == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("priority mode '",
-                                                   std::string(PriorityModeName(mode)),
-                                                   "' needs a DAG"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("priority mode '", std::string(PriorityModeName(mode)), "' needs a DAG"));
   }
   std::vector<Priority> by_dag_tensor;
   if (mode == PriorityMode::kTic) {
@@ -138,7 +137,8 @@ absl::StatusOr<std::vector<Priority>> AssignPriorities(PriorityMode mode,
     std::optional<int32_t> k = dag->FindTensorById(t.id);
     if (!k.has_value()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("tensor id ", t.id, " is not in the DAG; every registered tensor needs "
+          absl::StrCat("tensor id ", t.id,
+                       " is not in the DAG; every registered tensor needs "
                        "a DAG tensor with the same id for mode '",
                        std::string(PriorityModeName(mode)), "'"));
     }

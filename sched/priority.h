@@ -63,8 +63,8 @@ class AutoPriority {
   bool frozen_ = false;
   bool learning_started_ = false;
   int64_t learning_iteration_ = 0;
-  std::vector<uint32_t> registered_;       // registration order
-  std::vector<uint32_t> ready_order_;      // learning iteration's first-ready order
+  std::vector<uint32_t> registered_;                     // registration order
+  std::vector<uint32_t> ready_order_;                    // learning iteration's first-ready order
   absl::flat_hash_map<uint32_t, Priority> provisional_;  // registration index
   absl::flat_hash_map<uint32_t, bool> seen_;
   absl::flat_hash_map<uint32_t, Priority> learned_;

@@ -39,10 +39,9 @@ namespace gradlane::sched {
 
 // True if `a` must be sent before `b`. See the order documented above.
 inline bool SegmentBefore(const Segment& a, const Segment& b) {
-  return std::tie(a.iteration, a.priority, a.round, a.key, a.direction, a.peer, a.offset,
-                  a.length, a.ready_at) <
-         std::tie(b.iteration, b.priority, b.round, b.key, b.direction, b.peer, b.offset,
-                  b.length, b.ready_at);
+  return std::tie(a.iteration, a.priority, a.round, a.key, a.direction, a.peer, a.offset, a.length,
+                  a.ready_at) < std::tie(b.iteration, b.priority, b.round, b.key, b.direction,
+                                         b.peer, b.offset, b.length, b.ready_at);
 }
 
 class ReadyQueue {

@@ -128,11 +128,10 @@ std::vector<Priority> TicPriorities(const Dag& dag) {
   return prio;
 }
 
-absl::StatusOr<std::vector<Priority>> TacPriorities(const Dag& dag,
-                                                    absl::Span<const TimeNs> time) {
+absl::StatusOr<std::vector<Priority>> TacPriorities(const Dag& dag, absl::Span<const TimeNs> time) {
   if (static_cast<int>(time.size()) != dag.num_ops()) {
-    return absl::InvalidArgumentError(absl::StrCat("time oracle has ", time.size(),
-                                                   " entries for ", dag.num_ops(), " ops"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("time oracle has ", time.size(), " entries for ", dag.num_ops(), " ops"));
   }
   for (int i = 0; i < dag.num_ops(); ++i) {
     if (time[i] < 0) {

@@ -17,8 +17,9 @@
 //
 // Guarantees: pure functions of their inputs, deterministic (ties broken by op index), no I/O,
 // no clock. Cost: TIC is one pass, O(Σ|op.dep|); TAC repeats it once per recv, O(R·Σ|op.dep|)
-// (a 360-layer chain, 1440 ops: ~0.4 s), which is why it runs once, offline, as in the paper. A time oracle is a vector of per-op times in any consistent unit (TimeNs for TAC,
-// counts for TIC); values must be non-negative.
+// (a 360-layer chain, 1440 ops: ~0.4 s), which is why it runs once, offline, as in the paper. A
+// time oracle is a vector of per-op times in any consistent unit (TimeNs for TAC, counts for TIC);
+// values must be non-negative.
 #ifndef GRADLANE_SCHED_TICTAC_H_
 #define GRADLANE_SCHED_TICTAC_H_
 
@@ -38,8 +39,8 @@ inline constexpr TimeNs kInfiniteTime = kNever;
 // TicTac §4.1 properties of one outstanding recv op.
 struct RecvProperties {
   int32_t op = -1;
-  TimeNs m = 0;                  // M: its own transfer time
-  TimeNs p = 0;                  // P: compute that only this recv unblocks
+  TimeNs m = 0;                   // M: its own transfer time
+  TimeNs p = 0;                   // P: compute that only this recv unblocks
   TimeNs m_plus = kInfiniteTime;  // M⁺: least transfer time to activate an op needing ≥ 2 recvs
 };
 
@@ -75,8 +76,7 @@ std::vector<Priority> TicPriorities(const Dag& dag);
 // Per tensor: TAC order (Alg. 3), a permutation 0..k-1 of the k tensors that have a recv op;
 // tensors without one follow, in index order. Error if `time` is not sized num_ops or has a
 // negative entry.
-absl::StatusOr<std::vector<Priority>> TacPriorities(const Dag& dag,
-                                                    absl::Span<const TimeNs> time);
+absl::StatusOr<std::vector<Priority>> TacPriorities(const Dag& dag, absl::Span<const TimeNs> time);
 
 // §3.2. α = (N + C − T) / min(N, C) ∈ [0, 1] for a consistent schedule; 1 when min(N, C) = 0
 // (nothing could overlap, and nothing was lost).

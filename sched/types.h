@@ -49,7 +49,9 @@ inline constexpr uint32_t kMaxPartitions = 1u << kPartitionBits;
 constexpr SegmentKey MakeKey(uint32_t tensor_id, uint32_t partition_index) {
   return (static_cast<SegmentKey>(tensor_id) << kPartitionBits) | partition_index;
 }
-constexpr uint32_t KeyTensor(SegmentKey key) { return static_cast<uint32_t>(key >> kPartitionBits); }
+constexpr uint32_t KeyTensor(SegmentKey key) {
+  return static_cast<uint32_t>(key >> kPartitionBits);
+}
 constexpr uint32_t KeyPartition(SegmentKey key) {
   return static_cast<uint32_t>(key & (kMaxPartitions - 1));
 }

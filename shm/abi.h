@@ -61,14 +61,14 @@ typedef enum gl_status {
   GL_E_RING_CORRUPT = 17,    /* ring header/indices inconsistent: session closed */
   GL_E_IO = 18,              /* a system call failed (errno in the message) */
   GL_E_INTERNAL = 19,
-  GL_E_BUSY = 20,            /* a daemon limit on connections or sessions is reached: retry later */
+  GL_E_BUSY = 20, /* a daemon limit on connections or sessions is reached: retry later */
   GL_STATUS_COUNT = 21
 } gl_status;
 
 typedef enum gl_dtype { /* values match gradlane::sched::DType */
-  GL_DTYPE_F32 = 0,
-  GL_DTYPE_F16 = 1,
-  GL_DTYPE_BF16 = 2
+                        GL_DTYPE_F32 = 0,
+                        GL_DTYPE_F16 = 1,
+                        GL_DTYPE_BF16 = 2
 } gl_dtype;
 
 #define GL_PRIORITY_AUTO (-1)
@@ -96,12 +96,12 @@ typedef struct gl_msg_header {
  * caps both at its configured maxima and reports what it granted. */
 typedef struct gl_hello {
   gl_msg_header header;
-  uint32_t magic;        /* GL_ABI_MAGIC */
-  uint32_t abi_version;  /* GL_ABI_VERSION */
-  int32_t pid;           /* informational; the daemon trusts SO_PEERCRED */
-  uint32_t ring_slots;   /* submission and completion ring slots (power of two), 0 = default */
-  uint64_t arena_bytes;  /* arena size wanted, 0 = default */
-  uint64_t reserved;     /* must be 0 */
+  uint32_t magic;       /* GL_ABI_MAGIC */
+  uint32_t abi_version; /* GL_ABI_VERSION */
+  int32_t pid;          /* informational; the daemon trusts SO_PEERCRED */
+  uint32_t ring_slots;  /* submission and completion ring slots (power of two), 0 = default */
+  uint64_t arena_bytes; /* arena size wanted, 0 = default */
+  uint64_t reserved;    /* must be 0 */
 } gl_hello;
 
 /* Reply to the hello. On GL_OK it arrives with three fds (SCM_RIGHTS), in this order:
@@ -158,7 +158,7 @@ typedef struct gl_reply {
 typedef struct gl_arena_header {
   uint64_t magic;
   uint32_t abi_version;
-  uint32_t ring_slots;  /* both rings */
+  uint32_t ring_slots; /* both rings */
   uint64_t arena_bytes;
   uint64_t sq_offset;   /* gl_ring_header of the submission ring; slots follow it */
   uint64_t cq_offset;   /* gl_ring_header of the completion ring; slots follow it */

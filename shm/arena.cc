@@ -24,7 +24,9 @@ uint64_t RoundUp(uint64_t v, uint64_t align) { return (v + align - 1) & ~(align 
 }  // namespace
 
 Arena::Arena(Arena&& o) noexcept
-    : fd_(std::move(o.fd_)), base_(std::exchange(o.base_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+    : fd_(std::move(o.fd_)),
+      base_(std::exchange(o.base_, nullptr)),
+      size_(std::exchange(o.size_, 0)) {}
 
 Arena& Arena::operator=(Arena&& o) noexcept {
   if (this != &o) {

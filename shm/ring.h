@@ -12,8 +12,8 @@
 // - Ordering: the producer writes the payload, then the slot's sequence mark (release), then
 //   its index (release). The consumer takes slot i only when the mark reads i + 1 (acquire),
 //   so it never sees a half-written entry from a well-behaved producer; it reads the
-//   producer's index only when a mark is missing, to tell "empty" from "corrupt". The consumer frees
-//   slots by publishing its index (release) after copying the entry out.
+//   producer's index only when a mark is missing, to tell "empty" from "corrupt". The consumer
+//   frees slots by publishing its index (release) after copying the entry out.
 // - The ring geometry (slots, where the slots are) comes from the creator's private state,
 //   never from the shared header.
 #ifndef GRADLANE_SHM_RING_H_

@@ -18,9 +18,12 @@ namespace {
 
 absl::Status Errno(const std::string& what) {
   const int e = errno;
-  if (e == EAGAIN || e == EWOULDBLOCK) return absl::UnavailableError(absl::StrCat(what, ": would block"));
-  if (e == EACCES || e == EPERM) return absl::PermissionDeniedError(absl::StrCat(what, ": ", std::strerror(e)));
-  if (e == ENOENT || e == ECONNREFUSED) return absl::NotFoundError(absl::StrCat(what, ": ", std::strerror(e)));
+  if (e == EAGAIN || e == EWOULDBLOCK)
+    return absl::UnavailableError(absl::StrCat(what, ": would block"));
+  if (e == EACCES || e == EPERM)
+    return absl::PermissionDeniedError(absl::StrCat(what, ": ", std::strerror(e)));
+  if (e == ENOENT || e == ECONNREFUSED)
+    return absl::NotFoundError(absl::StrCat(what, ": ", std::strerror(e)));
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(e)));
 }
 
@@ -39,7 +42,8 @@ absl::Status MakeParentDir(const std::string& path) {
   const size_t slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {
     const std::string dir = path.substr(0, slash);
-    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return Errno(absl::StrCat("mkdir ", dir));
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+      return Errno(absl::StrCat("mkdir ", dir));
   }
   return absl::OkStatus();
 }
@@ -61,9 +65,9 @@ absl::StatusOr<UniqueFd> ClaimSocketPath(const std::string& path) {
       const ssize_t n = ::pread(lock.get(), pid, sizeof(pid) - 1, 0);
       std::string owner = n > 0 ? std::string(pid, static_cast<size_t>(n)) : "";
       while (!owner.empty() && (owner.back() == '\n' || owner.back() == ' ')) owner.pop_back();
-      return absl::AlreadyExistsError(absl::StrCat(
-          path, " is served by gradlaned pid ", owner.empty() ? "(unknown)" : owner,
-          " (it holds ", lock_path, "): stop that daemon or choose another --socket"));
+      return absl::AlreadyExistsError(
+          absl::StrCat(path, " is served by gradlaned pid ", owner.empty() ? "(unknown)" : owner,
+                       " (it holds ", lock_path, "): stop that daemon or choose another --socket"));
     }
     // The owner removes the file while it still holds the lock (ReleaseSocketPath): a lock
     // taken on a file no longer at lock_path is no claim. Look again.

@@ -47,9 +47,9 @@ absl::StatusOr<UniqueFd> ConnectUnix(const std::string& path);
 absl::Status SendMessage(int sock, const void* data, size_t len, std::span<const int> fds = {});
 
 struct Received {
-  size_t bytes = 0;   // 0 with eof = true: the peer closed
+  size_t bytes = 0;  // 0 with eof = true: the peer closed
   bool eof = false;
-  size_t num_fds = 0; // fds stored into the caller's array (owned by the caller)
+  size_t num_fds = 0;  // fds stored into the caller's array (owned by the caller)
 };
 
 // Receives one message into `buf`. Unavailable on EAGAIN (non-blocking socket);

@@ -130,9 +130,9 @@ struct RegisteredRegion {
 // The argument checks every backend makes in PostSend_st before queueing (peer state and queue
 // room are the backend's own): the region is registered and holds the range, and the segment
 // fits one frame. Returns where the payload starts.
-inline absl::StatusOr<const uint8_t*> ResolveSendPayload(const std::vector<RegisteredRegion>& regions,
-                                                         const SendSpec& spec,
-                                                         uint64_t max_segment_bytes) {
+inline absl::StatusOr<const uint8_t*> ResolveSendPayload(
+    const std::vector<RegisteredRegion>& regions, const SendSpec& spec,
+    uint64_t max_segment_bytes) {
   if (spec.region >= regions.size() || !regions[spec.region].used) {
     return absl::InvalidArgumentError("send from an unregistered region");
   }
@@ -333,8 +333,8 @@ class Transport {
   // Dials `address` ("host:port", numeric) as `job` (which AddJob_st must have registered).
   // Returns at once; OnPeerUp_st or OnPeerDown_st follows from Progress_st. Sends may be posted
   // to the handle right away: they go out when the handshake completes.
-  virtual absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job,
-                                                std::string_view address, TimeNs now) = 0;
+  virtual absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job, std::string_view address,
+                                                TimeNs now) = 0;
   // Says goodbye (best effort), fails the peer's pending sends with Cancelled and reports it
   // down. No-op for a stale handle.
   virtual void Disconnect_st(PeerHandle peer, TimeNs now) = 0;

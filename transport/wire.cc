@@ -8,35 +8,57 @@ namespace gradlane::transport {
 
 std::string_view WireErrorName(WireError e) {
   switch (e) {
-    case WireError::kNone: return "none";
-    case WireError::kBadMagic: return "bad_magic";
-    case WireError::kBadVersion: return "bad_version";
-    case WireError::kBadType: return "bad_type";
-    case WireError::kUnknownFlags: return "unknown_flags";
-    case WireError::kTooLong: return "too_long";
-    case WireError::kBadLength: return "bad_length";
-    case WireError::kBadField: return "bad_field";
-    case WireError::kAuthFailed: return "auth_failed";
-    case WireError::kUnknownJob: return "unknown_job";
-    case WireError::kBadRank: return "bad_rank";
-    case WireError::kUnexpectedFrame: return "unexpected_frame";
-    case WireError::kShutdown: return "shutdown";
-    case WireError::kTimeout: return "timeout";
-    case WireError::kNoTarget: return "no_target";
+    case WireError::kNone:
+      return "none";
+    case WireError::kBadMagic:
+      return "bad_magic";
+    case WireError::kBadVersion:
+      return "bad_version";
+    case WireError::kBadType:
+      return "bad_type";
+    case WireError::kUnknownFlags:
+      return "unknown_flags";
+    case WireError::kTooLong:
+      return "too_long";
+    case WireError::kBadLength:
+      return "bad_length";
+    case WireError::kBadField:
+      return "bad_field";
+    case WireError::kAuthFailed:
+      return "auth_failed";
+    case WireError::kUnknownJob:
+      return "unknown_job";
+    case WireError::kBadRank:
+      return "bad_rank";
+    case WireError::kUnexpectedFrame:
+      return "unexpected_frame";
+    case WireError::kShutdown:
+      return "shutdown";
+    case WireError::kTimeout:
+      return "timeout";
+    case WireError::kNoTarget:
+      return "no_target";
   }
   return "unknown";
 }
 
 absl::Status WireErrorStatus(WireError code, const std::string& message) {
   switch (code) {
-    case WireError::kAuthFailed: return absl::PermissionDeniedError(message);
-    case WireError::kUnknownJob: return absl::NotFoundError(message);
-    case WireError::kBadVersion: return absl::FailedPreconditionError(message);
-    case WireError::kTimeout: return absl::DeadlineExceededError(message);
+    case WireError::kAuthFailed:
+      return absl::PermissionDeniedError(message);
+    case WireError::kUnknownJob:
+      return absl::NotFoundError(message);
+    case WireError::kBadVersion:
+      return absl::FailedPreconditionError(message);
+    case WireError::kTimeout:
+      return absl::DeadlineExceededError(message);
     case WireError::kShutdown:
-    case WireError::kNone: return absl::UnavailableError(message);
-    case WireError::kNoTarget: return absl::FailedPreconditionError(message);
-    default: return absl::InvalidArgumentError(message);
+    case WireError::kNone:
+      return absl::UnavailableError(message);
+    case WireError::kNoTarget:
+      return absl::FailedPreconditionError(message);
+    default:
+      return absl::InvalidArgumentError(message);
   }
 }
 
@@ -80,8 +102,8 @@ absl::Status ValidateHeader(const FrameHeader& h, uint64_t max_data_bytes) {
     case WireError::kNone:
       return absl::OkStatus();
     case WireError::kBadMagic:
-      return absl::InvalidArgumentError(
-          absl::StrFormat("not a gradlane frame: magic 0x%08x (expected 0x%08x)", h.magic, kFrameMagic));
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "not a gradlane frame: magic 0x%08x (expected 0x%08x)", h.magic, kFrameMagic));
     case WireError::kBadVersion:
       return absl::FailedPreconditionError(absl::StrFormat(
           "peer speaks protocol version %d, this build speaks %d", h.version, kProtocolVersion));
@@ -94,16 +116,16 @@ absl::Status ValidateHeader(const FrameHeader& h, uint64_t max_data_bytes) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "segment of %d bytes exceeds the limit of %d bytes", h.length, max_data_bytes));
     case WireError::kBadLength:
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "payload of %d bytes inconsistent with frame type %d (length %d)", h.payload_bytes,
-          h.type, h.length));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("payload of %d bytes inconsistent with frame type %d (length %d)",
+                          h.payload_bytes, h.type, h.length));
     case WireError::kBadField:
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "field out of range: dtype %d, direction %d, offset %d + length %d", h.dtype,
-          h.direction, h.offset, h.length));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("field out of range: dtype %d, direction %d, offset %d + length %d",
+                          h.dtype, h.direction, h.offset, h.length));
     default:
-      return absl::InternalError(absl::StrFormat("unexpected check result %s",
-                                                 std::string(WireErrorName(e))));
+      return absl::InternalError(
+          absl::StrFormat("unexpected check result %s", std::string(WireErrorName(e))));
   }
 }
 
@@ -115,7 +137,8 @@ WireError CheckHelloBody(const HelloBody& b) {
 
 bool TokensEqual(std::span<const uint8_t> a, std::span<const uint8_t> b) {
   // Lengths over the limit can never match a registered token; still walk the full width.
-  uint32_t diff = (a.size() != b.size()) | (a.size() > kMaxTokenBytes) | (b.size() > kMaxTokenBytes);
+  uint32_t diff =
+      (a.size() != b.size()) | (a.size() > kMaxTokenBytes) | (b.size() > kMaxTokenBytes);
   for (size_t i = 0; i < kMaxTokenBytes; ++i) {
     const uint8_t x = i < a.size() ? a[i] : 0;
     const uint8_t y = i < b.size() ? b[i] : 0;

@@ -103,12 +103,12 @@ inline constexpr size_t kMaxTokenBytes = 64;
 
 // Payload of kHello.
 struct HelloBody {
-  uint16_t rank;        // 0  dialer's rank in the job
-  uint16_t world_size;  // 2  W as the dialer knows it (must match the acceptor's)
-  uint16_t token_bytes; // 4  valid bytes of `token`
-  uint16_t reserved0;   // 6  zero
+  uint16_t rank;                  // 0  dialer's rank in the job
+  uint16_t world_size;            // 2  W as the dialer knows it (must match the acceptor's)
+  uint16_t token_bytes;           // 4  valid bytes of `token`
+  uint16_t reserved0;             // 6  zero
   uint8_t token[kMaxTokenBytes];  // 8  auth token, zero padded
-  uint64_t reserved1;   // 72 zero
+  uint64_t reserved1;             // 72 zero
 };
 inline constexpr size_t kHelloBodyBytes = 80;
 static_assert(sizeof(HelloBody) == kHelloBodyBytes);
@@ -120,21 +120,21 @@ static_assert(offsetof(HelloBody, rank) == 0 && offsetof(HelloBody, world_size) 
 // Why a frame or a connection was refused. Values are on the wire (ErrorBody::code) and index
 // the transport's error counters, so they are append-only.
 enum class WireError : uint32_t {
-  kNone = 0,             // not an error (kGoodbye on clean shutdown)
-  kBadMagic = 1,         // not a gradlane frame
-  kBadVersion = 2,       // protocol version differs
-  kBadType = 3,          // unknown frame type
-  kUnknownFlags = 4,     // flag bits unknown or not valid for the type
-  kTooLong = 5,          // payload over the receiver's limit
-  kBadLength = 6,        // payload_bytes inconsistent with the type or the segment length
-  kBadField = 7,         // dtype / direction out of range, offset+length overflow
-  kAuthFailed = 8,       // token mismatch
-  kUnknownJob = 9,       // job not registered here (or a frame for another job)
-  kBadRank = 10,         // rank out of range, equal to ours, or world size differs
-  kUnexpectedFrame = 11, // valid frame in the wrong state (data before hello, stray ack, ...)
-  kShutdown = 12,        // the sender is shutting down / disconnecting this peer
-  kTimeout = 13,         // handshake or progress timeout
-  kNoTarget = 14,        // receiver had no destination for a segment (used in stats)
+  kNone = 0,              // not an error (kGoodbye on clean shutdown)
+  kBadMagic = 1,          // not a gradlane frame
+  kBadVersion = 2,        // protocol version differs
+  kBadType = 3,           // unknown frame type
+  kUnknownFlags = 4,      // flag bits unknown or not valid for the type
+  kTooLong = 5,           // payload over the receiver's limit
+  kBadLength = 6,         // payload_bytes inconsistent with the type or the segment length
+  kBadField = 7,          // dtype / direction out of range, offset+length overflow
+  kAuthFailed = 8,        // token mismatch
+  kUnknownJob = 9,        // job not registered here (or a frame for another job)
+  kBadRank = 10,          // rank out of range, equal to ours, or world size differs
+  kUnexpectedFrame = 11,  // valid frame in the wrong state (data before hello, stray ack, ...)
+  kShutdown = 12,         // the sender is shutting down / disconnecting this peer
+  kTimeout = 13,          // handshake or progress timeout
+  kNoTarget = 14,         // receiver had no destination for a segment (used in stats)
 };
 inline constexpr size_t kWireErrorCount = 15;
 

@@ -65,7 +65,8 @@ const json& Member(const json& j, const char* k) {
 }
 int64_t Int(const json& j, const char* k, int64_t fallback) {
   const json& v = Member(j, k);
-  if (v.is_number_integer()) return v.get<int64_t>();  // (an unsigned above INT64_MAX wraps: a printout)
+  if (v.is_number_integer())
+    return v.get<int64_t>();  // (an unsigned above INT64_MAX wraps: a printout)
   return fallback;
 }
 // The array member `k`, or an empty array: loops over it then do nothing for a wrong type.
@@ -135,7 +136,8 @@ json Call(const std::string& path, const json& request, double timeout_s) {
   if (!ok.is_boolean()) Fail("malformed answer from gradlaned (no boolean \"ok\")");
   if (!ok.get<bool>()) {
     const json& error = Member(resp, "error");
-    Fail(error.is_string() ? error.get<std::string>() : "gradlaned answered an error without a reason");
+    Fail(error.is_string() ? error.get<std::string>()
+                           : "gradlaned answered an error without a reason");
   }
   return resp;
 }
@@ -209,15 +211,18 @@ void PrintStatus(const json& r) {
               Str(r, "jobs_failed").c_str());
   std::printf("posts          %s completed, %s failed\n", Str(r, "posts_completed").c_str(),
               Str(r, "posts_failed").c_str());
-  std::printf("segments       %s sent, %s received, %s rejected; %s rounds reduced (%s folded on arrival)\n",
-              Str(r, "segments_sent").c_str(), Str(r, "segments_received").c_str(),
-              Str(r, "segments_rejected").c_str(), Str(r, "rounds_reduced").c_str(),
-              Str(r, "rounds_folded").c_str());
+  std::printf(
+      "segments       %s sent, %s received, %s rejected; %s rounds reduced (%s folded on "
+      "arrival)\n",
+      Str(r, "segments_sent").c_str(), Str(r, "segments_received").c_str(),
+      Str(r, "segments_rejected").c_str(), Str(r, "rounds_reduced").c_str(),
+      Str(r, "rounds_folded").c_str());
   std::printf("transport      %s sent, %s received; peers %s up, %s down; %s wire errors\n",
               Bytes(Num(r, "transport_bytes_sent")).c_str(),
               Bytes(Num(r, "transport_bytes_received")).c_str(), Str(r, "peers_up").c_str(),
               Str(r, "peers_down").c_str(), Str(r, "wire_errors").c_str());
-  if (r.contains("tracing") && r["tracing"].is_string() && !r["tracing"].get<std::string>().empty()) {
+  if (r.contains("tracing") && r["tracing"].is_string() &&
+      !r["tracing"].get<std::string>().empty()) {
     std::printf("trace          recording job %s\n", r["tracing"].get<std::string>().c_str());
   }
   std::printf("telemetry      %s events, %s dropped\n", Str(r, "telemetry_events").c_str(),
@@ -234,9 +239,8 @@ void PrintCounters(const json& r) {
   static constexpr Row kRows[] = {
 #define GRADLANE_CTL_ROW(name, type, metric, label, help) {#name, help},
 #define GRADLANE_CTL_TOTAL_ROW(name, type, metric, label, help) {"transport_" #name, help},
-      GRADLANE_ENGINE_COUNTERS(GRADLANE_CTL_ROW)
-      GRADLANE_TRANSPORT_COUNTERS(GRADLANE_CTL_ROW)
-      GRADLANE_PEER_COUNTERS(GRADLANE_CTL_TOTAL_ROW)
+      GRADLANE_ENGINE_COUNTERS(GRADLANE_CTL_ROW) GRADLANE_TRANSPORT_COUNTERS(GRADLANE_CTL_ROW)
+          GRADLANE_PEER_COUNTERS(GRADLANE_CTL_TOTAL_ROW)
 #undef GRADLANE_CTL_ROW
 #undef GRADLANE_CTL_TOTAL_ROW
   };
@@ -427,13 +431,13 @@ int main(int argc, char** argv) {
       Fail("writing " + out_file + " failed");
     }
     const json& od = Member(t, "otherData");
-    std::printf("wrote %s: %zu trace events, %s spans (iterations %s..%s of job %s; %s)%s\n",
-                out_file.c_str(), Array(t, "traceEvents").size(), Str(od, "spans").c_str(),
-                Str(od, "first_iteration").c_str(),
-                std::to_string(Int(od, "first_iteration", 0) + Int(od, "iterations", 1) - 1)
-                    .c_str(),
-                args[1].c_str(), Str(od, "end").c_str(),
-                Int(od, "spans_dropped", 0) > 0 ? " — buffer full, some spans dropped" : "");
+    std::printf(
+        "wrote %s: %zu trace events, %s spans (iterations %s..%s of job %s; %s)%s\n",
+        out_file.c_str(), Array(t, "traceEvents").size(), Str(od, "spans").c_str(),
+        Str(od, "first_iteration").c_str(),
+        std::to_string(Int(od, "first_iteration", 0) + Int(od, "iterations", 1) - 1).c_str(),
+        args[1].c_str(), Str(od, "end").c_str(),
+        Int(od, "spans_dropped", 0) > 0 ? " — buffer full, some spans dropped" : "");
     return 0;
   }
   if (args.size() != 1 || (cmd != "status" && cmd != "counters" && cmd != "jobs" &&

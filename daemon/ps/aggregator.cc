@@ -44,7 +44,7 @@ struct V {
 // is the same): SSE2 has only signed integer compares, unsigned ones cost extra flips.
 template <int N>
 [[gnu::always_inline]] inline typename V<N>::U Select(typename V<N>::I mask, typename V<N>::U a,
-                                                     typename V<N>::U b) {
+                                                      typename V<N>::U b) {
   const auto m = reinterpret_cast<typename V<N>::U>(mask);
   return (a & m) | (b & ~m);
 }
@@ -145,8 +145,9 @@ struct Elem<DType::kF32, N> {
 };
 
 // f16 and bf16 differ only in their conversion pair.
-template <int N, typename V<N>::F (*Widen)(typename V<N>::H), typename V<N>::H (*NarrowV)(typename V<N>::F),
-          float (*WidenS)(uint16_t), uint16_t (*NarrowS)(float)>
+template <int N, typename V<N>::F (*Widen)(typename V<N>::H),
+          typename V<N>::H (*NarrowV)(typename V<N>::F), float (*WidenS)(uint16_t),
+          uint16_t (*NarrowS)(float)>
 struct Elem16 {
   using F = typename V<N>::F;
   using H = typename V<N>::H;
@@ -172,8 +173,8 @@ struct Elem16 {
 };
 
 template <int N>
-struct Elem<DType::kF16, N>
-    : Elem16<N, &F16ToF32<N>, &F32ToF16<N>, &ps::F16ToF32, &ps::F32ToF16> {};
+struct Elem<DType::kF16, N> : Elem16<N, &F16ToF32<N>, &F32ToF16<N>, &ps::F16ToF32, &ps::F32ToF16> {
+};
 template <int N>
 struct Elem<DType::kBF16, N>
     : Elem16<N, &Bf16ToF32<N>, &F32ToBf16<N>, &ps::Bf16ToF32, &ps::F32ToBf16> {};
@@ -239,8 +240,7 @@ __attribute__((target("avx2"))) void ReduceAvx2(const std::byte* const* src, uin
 // function of its own rather than a specialization of ReduceAvx2: clang takes a specialization
 // with another target() for function multiversioning, and refuses it.
 __attribute__((target("avx2,f16c"))) void ReduceAvx2F16(const std::byte* const* src, uint32_t n,
-                                                        uint64_t elems, bool mean,
-                                                        std::byte* out) {
+                                                        uint64_t elems, bool mean, std::byte* out) {
   const __m256 divisor = _mm256_set1_ps(static_cast<float>(n));
   const __m256 canonical = _mm256_castsi256_ps(_mm256_set1_epi32(kCanonicalNaN));
   uint64_t i = 0;
@@ -292,9 +292,7 @@ KernelFn PickKernel(KernelIsa isa) {
 
 }  // namespace
 
-bool KernelIsaAvailable(KernelIsa isa) {
-  return isa != KernelIsa::kAvx2 || CpuHasAvx2();
-}
+bool KernelIsaAvailable(KernelIsa isa) { return isa != KernelIsa::kAvx2 || CpuHasAvx2(); }
 
 KernelIsa ResolvedKernelIsa() { return CpuHasAvx2() ? KernelIsa::kAvx2 : KernelIsa::kBaseline; }
 
@@ -314,9 +312,8 @@ absl::Status ReduceInRankOrder(DType dtype, absl::Span<const std::byte* const> c
                                uint64_t bytes, ReduceOp op, std::byte* out, KernelIsa isa) {
   const uint32_t elem = sched::DTypeBytes(dtype);
   if (contributions.empty() || contributions.size() > kMaxWorldSize) {
-    return absl::InvalidArgumentError(absl::StrCat("need 1..", kMaxWorldSize,
-                                                   " contributions, got ",
-                                                   contributions.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("need 1..", kMaxWorldSize, " contributions, got ", contributions.size()));
   }
   if (bytes % elem != 0) {
     return absl::InvalidArgumentError(absl::StrCat(bytes, " bytes is not a whole number of ",
@@ -351,12 +348,12 @@ absl::Status ReduceInRankOrder(DType dtype, absl::Span<const std::byte* const> c
   return absl::OkStatus();
 }
 
-absl::Status KeyAggregation::Begin(sched::SegmentKey key, int64_t iteration,
-                                   uint32_t world_size, DType dtype, uint64_t bytes) {
+absl::Status KeyAggregation::Begin(sched::SegmentKey key, int64_t iteration, uint32_t world_size,
+                                   DType dtype, uint64_t bytes) {
   if (world_size == 0 || world_size > kMaxWorldSize) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "world size ", world_size, " outside 1..", kMaxWorldSize,
-        " (contributions are tracked in a 64-bit mask)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("world size ", world_size, " outside 1..", kMaxWorldSize,
+                     " (contributions are tracked in a 64-bit mask)"));
   }
   const uint32_t elem = sched::DTypeBytes(dtype);
   if (bytes == 0 || bytes % elem != 0) {
@@ -419,19 +416,18 @@ uint32_t KeyAggregation::missing() const {
 
 absl::Status KeyAggregation::Reduce(ReduceOp op, absl::Span<std::byte> out, KernelIsa isa) {
   if (!active_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("key ", key_, ": no open round to reduce"));
+    return absl::FailedPreconditionError(absl::StrCat("key ", key_, ": no open round to reduce"));
   }
   if (mask_ != full_mask_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "key ", key_, " iteration ", iteration_, ": ", missing(), " contributions missing"));
+    return absl::FailedPreconditionError(absl::StrCat("key ", key_, " iteration ", iteration_, ": ",
+                                                      missing(), " contributions missing"));
   }
   if (out.size() != bytes_) {
-    return absl::InvalidArgumentError(absl::StrCat("key ", key_, ": output is ", out.size(),
-                                                   " bytes, expected ", bytes_));
+    return absl::InvalidArgumentError(
+        absl::StrCat("key ", key_, ": output is ", out.size(), " bytes, expected ", bytes_));
   }
-  absl::Status s = ReduceInRankOrder(
-      dtype_, absl::MakeConstSpan(contributions_, world_size_), bytes_, op, out.data(), isa);
+  absl::Status s = ReduceInRankOrder(dtype_, absl::MakeConstSpan(contributions_, world_size_),
+                                     bytes_, op, out.data(), isa);
   if (!s.ok()) return s;
   active_ = false;
   std::memset(contributions_, 0, sizeof(contributions_));

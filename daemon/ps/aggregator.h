@@ -69,8 +69,7 @@ std::string_view KernelIsaName(KernelIsa isa);
 // Buffers may have any alignment. `out` may be exactly one of the contributions (in-place) but
 // must not partially overlap any of them. Errors: no contributions, more than kMaxWorldSize,
 // `bytes` not a multiple of the element size, a null buffer, or `isa` not available.
-absl::Status ReduceInRankOrder(sched::DType dtype,
-                               absl::Span<const std::byte* const> contributions,
+absl::Status ReduceInRankOrder(sched::DType dtype, absl::Span<const std::byte* const> contributions,
                                uint64_t bytes, ReduceOp op, std::byte* out,
                                KernelIsa isa = KernelIsa::kAuto);
 

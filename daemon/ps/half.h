@@ -51,7 +51,8 @@ inline float F16ToF32(uint16_t h) {
 inline uint16_t F32ToF16(float value) {
   constexpr uint32_t kF32Inf = 255u << 23;
   constexpr uint32_t kF16Overflow = (127u + 16u) << 23;  // 2^16: at or above, always infinity
-  constexpr uint32_t kDenormMagicBits = 126u << 23;  // 0.5f: its ulp is 2^-24, the f16 subnormal step
+  constexpr uint32_t kDenormMagicBits = 126u
+                                        << 23;  // 0.5f: its ulp is 2^-24, the f16 subnormal step
   uint32_t f = std::bit_cast<uint32_t>(value);
   const uint32_t sign = f & 0x80000000u;
   f ^= sign;

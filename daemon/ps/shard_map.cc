@@ -87,9 +87,8 @@ absl::StatusOr<ShardMap> ShardMap::FromTensors(absl::Span<const sched::TensorSpe
                                                absl::Span<const uint64_t> partition_sizes,
                                                uint32_t num_shards) {
   if (partition_sizes.size() != tensors.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(partition_sizes.size(),
-                                                   " partition sizes for ", tensors.size(),
-                                                   " tensors"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(partition_sizes.size(), " partition sizes for ", tensors.size(), " tensors"));
   }
   std::vector<KeyBytes> keys;
   absl::flat_hash_set<uint32_t> ids;
@@ -104,9 +103,9 @@ absl::StatusOr<ShardMap> ShardMap::FromTensors(absl::Span<const sched::TensorSpe
     }
     const uint32_t elem = sched::DTypeBytes(t.dtype);
     if (partition_bytes % elem != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("partition size ", partition_bytes, " splits a ",
-                       Sv(sched::DTypeName(t.dtype)), " element of tensor ", t.id));
+      return absl::InvalidArgumentError(absl::StrCat("partition size ", partition_bytes,
+                                                     " splits a ", Sv(sched::DTypeName(t.dtype)),
+                                                     " element of tensor ", t.id));
     }
     if (t.bytes % elem != 0) {
       return absl::InvalidArgumentError(absl::StrCat("tensor ", t.id, ": ", t.bytes,
@@ -115,9 +114,9 @@ absl::StatusOr<ShardMap> ShardMap::FromTensors(absl::Span<const sched::TensorSpe
     }
     const uint64_t parts = t.bytes / partition_bytes + (t.bytes % partition_bytes != 0);
     if (parts > sched::kMaxPartitions) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor ", t.id, " needs ", parts, " partitions of ", partition_bytes,
-                       " bytes (max ", sched::kMaxPartitions, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.id, " needs ", parts,
+                                                     " partitions of ", partition_bytes,
+                                                     " bytes (max ", sched::kMaxPartitions, ")"));
     }
     for (uint64_t p = 0; p < parts; ++p) {
       const uint64_t begin = p * partition_bytes;

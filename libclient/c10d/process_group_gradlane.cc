@@ -26,9 +26,7 @@ bool SummedAsValues(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
 }
 
-bool IntegerLike(at::ScalarType t) {
-  return at::isIntegralType(t, /*includeBool=*/true);
-}
+bool IntegerLike(at::ScalarType t) { return at::isIntegralType(t, /*includeBool=*/true); }
 
 std::string Env(const char* name, const std::string& fallback = "") {
   const char* v = std::getenv(name);
@@ -56,9 +54,9 @@ void StoreSet(const c10::intrusive_ptr<::c10d::Store>& store, const std::string&
 
 // The bytes of a contiguous tensor, one float each: any dtype crosses a sum exactly.
 at::Tensor BytesAsFloats(const at::Tensor& contiguous) {
-  at::Tensor bytes = at::from_blob(contiguous.data_ptr(),
-                                   {static_cast<int64_t>(contiguous.nbytes())},
-                                   at::TensorOptions().dtype(at::kByte));
+  at::Tensor bytes =
+      at::from_blob(contiguous.data_ptr(), {static_cast<int64_t>(contiguous.nbytes())},
+                    at::TensorOptions().dtype(at::kByte));
   return bytes.to(at::kFloat);
 }
 
@@ -97,10 +95,10 @@ void Decode(const at::Tensor& floats, at::Tensor& t) {
 }
 
 void CheckCpu(const std::vector<at::Tensor>& tensors, const char* op) {
-  TORCH_CHECK(tensors.size() == 1, "gradlane backend: ", op,
-              " takes one tensor per call (", tensors.size(), " given)");
-  TORCH_CHECK(tensors[0].device().is_cpu(), "gradlane backend: ", op,
-              " of a tensor on ", tensors[0].device(), ": only CPU tensors are supported");
+  TORCH_CHECK(tensors.size() == 1, "gradlane backend: ", op, " takes one tensor per call (",
+              tensors.size(), " given)");
+  TORCH_CHECK(tensors[0].device().is_cpu(), "gradlane backend: ", op, " of a tensor on ",
+              tensors[0].device(), ": only CPU tensors are supported");
 }
 
 }  // namespace
@@ -124,14 +122,17 @@ c10::intrusive_ptr<::c10d::ProcessGroup> ProcessGroupGradlane::Create(
   std::vector<std::string> peers = Split(Env("GRADLANE_PEERS"), ',');
   if (peers.empty() && size > 1) {
     const std::string mine = Env("GRADLANE_ADDRESS");
-    TORCH_CHECK(!mine.empty(), "gradlane backend: set GRADLANE_PEERS (every rank's daemon "
+    TORCH_CHECK(!mine.empty(),
+                "gradlane backend: set GRADLANE_PEERS (every rank's daemon "
                 "address, in rank order) or GRADLANE_ADDRESS (this rank's daemon's --listen "
                 "address; the ranks exchange them through the store)");
     StoreSet(store, "gradlane/address/" + std::to_string(rank), mine);
-    for (int r = 0; r < size; ++r) peers.push_back(StoreGet(store, "gradlane/address/" + std::to_string(r)));
+    for (int r = 0; r < size; ++r)
+      peers.push_back(StoreGet(store, "gradlane/address/" + std::to_string(r)));
   }
-  TORCH_CHECK(size == 1 || static_cast<int>(peers.size()) == size, "gradlane backend: ",
-              peers.size(), " daemon addresses in GRADLANE_PEERS for ", size, " ranks");
+  TORCH_CHECK(size == 1 || static_cast<int>(peers.size()) == size,
+              "gradlane backend: ", peers.size(), " daemon addresses in GRADLANE_PEERS for ", size,
+              " ranks");
 
   std::vector<Rung> rungs(kRungs);
   uint64_t arena = 1u << 20;
@@ -165,8 +166,8 @@ c10::intrusive_ptr<::c10d::ProcessGroup> ProcessGroupGradlane::Create(
   for (int i = 0; rc == GL_OK && i < kRungs; ++i) {
     void* buffer = nullptr;
     const std::string name = "c10d.rung" + std::to_string(i);
-    rc = gl_register_tensor(client, name.c_str(), rungs[i].floats * sizeof(float), GL_DTYPE_F32,
-                            0, &rungs[i].tensor_id, &buffer);
+    rc = gl_register_tensor(client, name.c_str(), rungs[i].floats * sizeof(float), GL_DTYPE_F32, 0,
+                            &rungs[i].tensor_id, &buffer);
     rungs[i].data = static_cast<float*>(buffer);
   }
   if (rc != GL_OK) {
@@ -292,7 +293,8 @@ void ProcessGroupGradlane::CollectPieces(const char* op) {
         deadline - std::chrono::steady_clock::now());
     gl_completion done[16];
     uint32_t n = 0;
-    const int rc = gl_wait(client_, done, 16, &n, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    const int rc =
+        gl_wait(client_, done, 16, &n, static_cast<int>(std::max<int64_t>(left.count(), 0)));
     if (rc == GL_E_TIMEOUT) Fail(op, rc, "no result within the group's timeout");
     if (rc != GL_OK) Fail(op, rc, "wait");
     if (n > 0) deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
@@ -302,8 +304,8 @@ void ProcessGroupGradlane::CollectPieces(const char* op) {
       auto it = std::find_if(in_flight_.begin(), in_flight_.end(), [&](const Piece& p) {
         return p.rung->tensor_id == c.tensor_id && p.iteration == c.iteration;
       });
-      TORCH_CHECK(it != in_flight_.end(), "gradlane backend: completion of tensor ",
-                  c.tensor_id, " iteration ", c.iteration, ", which was not posted");
+      TORCH_CHECK(it != in_flight_.end(), "gradlane backend: completion of tensor ", c.tensor_id,
+                  " iteration ", c.iteration, ", which was not posted");
       std::memcpy(it->data, it->rung->data, it->count * sizeof(float));
       in_flight_.erase(it);
     }
@@ -364,7 +366,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlane::allreduce(
               "exactly; float64 does not)");
   if (integer && t.numel() > 0) {
     TORCH_CHECK(t.to(at::kDouble).abs().max().item<double>() <= kExactIntegerLimit,
-                "gradlane backend: allreduce of ", type, " values beyond 2^24 (not exact in "
+                "gradlane backend: allreduce of ", type,
+                " values beyond 2^24 (not exact in "
                 "float32)");
   }
   const bool average = op == ::c10d::ReduceOp::AVG;
@@ -374,7 +377,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlane::allreduce(
         SumInPlace(flat, "allreduce");
         if (integer && flat.numel() > 0) {
           TORCH_CHECK(flat.abs().max().item<double>() <= kExactIntegerLimit,
-                      "gradlane backend: allreduce of ", type, ": a sum beyond 2^24 (not "
+                      "gradlane backend: allreduce of ", type,
+                      ": a sum beyond 2^24 (not "
                       "exact in float32)");
         }
         if (average) flat.div_(size_);
@@ -433,8 +437,10 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlane::barrier(
       [this] {
         at::Tensor one = at::ones({1}, at::TensorOptions().dtype(at::kFloat));
         SumInPlace(one, "barrier");
-        TORCH_CHECK(one.item<float>() == static_cast<float>(size_), "gradlane backend: "
-                    "barrier counted ", one.item<float>(), " ranks of ", size_,
+        TORCH_CHECK(one.item<float>() == static_cast<float>(size_),
+                    "gradlane backend: "
+                    "barrier counted ",
+                    one.item<float>(), " ranks of ", size_,
                     " (are the daemons running --reduce=sum?)");
       },
       {}, ::c10d::OpType::BARRIER);

@@ -115,7 +115,7 @@ class ProcessGroupGradlane final : public ::c10d::ProcessGroup {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<std::function<void()>, c10::intrusive_ptr<Work>>> queue_;  // mu_
-  bool stop_ = false;                                                            // mu_
+  bool stop_ = false;                                                             // mu_
   std::exception_ptr failed_;  // worker thread only: the first error ends the group
   std::thread worker_;
 };

@@ -34,8 +34,8 @@ TimeNs PartitionedPriorityPolicy::NextWakeup(TimeNs now) const {
 void PartitionedPriorityPolicy::OnLinkEstimate(double /*bytes_per_s*/, TimeNs /*rtt*/) {}
 
 std::unique_ptr<Policy> ByteSchedulerPolicy::Create(const PolicyConfig& config) {
-  const uint64_t partition = config.partition_bytes != 0 ? config.partition_bytes
-                                                         : kByteSchedulerDefaultPartitionBytes;
+  const uint64_t partition =
+      config.partition_bytes != 0 ? config.partition_bytes : kByteSchedulerDefaultPartitionBytes;
   const uint64_t credit = config.credit_bytes != 0
                               ? config.credit_bytes
                               : kByteSchedulerDefaultCreditPartitions * partition;

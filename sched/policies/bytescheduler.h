@@ -75,8 +75,8 @@ class ByteSchedulerPolicy final : public PartitionedPriorityPolicy {
 
  private:
   ByteSchedulerPolicy(uint64_t partition_bytes, uint64_t credit_bytes)
-      : PartitionedPriorityPolicy("bytescheduler", partition_bytes, partition_bytes,
-                                  credit_bytes) {}
+      : PartitionedPriorityPolicy("bytescheduler", partition_bytes, partition_bytes, credit_bytes) {
+  }
 };
 
 }  // namespace gradlane::sched

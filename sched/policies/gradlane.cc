@@ -32,9 +32,8 @@ uint64_t GradlaneChargeBytes(uint64_t bytes, double bytes_per_s, TimeNs per_mess
 
 uint64_t GradlaneCreditBytes(double bytes_per_s, TimeNs rtt_min, uint64_t message_bytes,
                              TimeNs per_message_ns, uint32_t peers, uint64_t run_bytes) {
-  const uint64_t bdp =
-      static_cast<uint64_t>(bytes_per_s * static_cast<double>(std::max<TimeNs>(rtt_min, 0)) /
-                            kSecond);
+  const uint64_t bdp = static_cast<uint64_t>(
+      bytes_per_s * static_cast<double>(std::max<TimeNs>(rtt_min, 0)) / kSecond);
   const uint64_t p = std::max<uint32_t>(peers, 1);
   return bdp + 2 * (1 + p) * GradlaneChargeBytes(message_bytes, bytes_per_s, per_message_ns) +
          run_bytes / p * (p - 1);
@@ -85,11 +84,11 @@ GradlanePolicy::GradlanePolicy(uint64_t key_partition_bytes, uint64_t fixed_cred
 }
 
 std::unique_ptr<GradlanePolicy> GradlanePolicy::Create(const PolicyConfig& config) {
-  const uint64_t key = config.partition_bytes != 0 ? config.partition_bytes
-                                                   : kGradlaneDefaultKeyPartitionBytes;
-  return std::unique_ptr<GradlanePolicy>(new GradlanePolicy(
-      key, config.credit_bytes, config.per_message_overhead_ns,
-      config.initial_bandwidth_bytes_per_s));
+  const uint64_t key =
+      config.partition_bytes != 0 ? config.partition_bytes : kGradlaneDefaultKeyPartitionBytes;
+  return std::unique_ptr<GradlanePolicy>(new GradlanePolicy(key, config.credit_bytes,
+                                                            config.per_message_overhead_ns,
+                                                            config.initial_bandwidth_bytes_per_s));
 }
 
 void GradlanePolicy::Resize() {
@@ -132,8 +131,8 @@ void GradlanePolicy::OnReady(const ReadyRange& range, TimeNs now) {
     Resize();
   }
   CountBytes(range);
-  const PartitionPlan plan = PartitionPlan::Make(range.tensor_bytes, range.dtype,
-                                                 key_partition_bytes_);
+  const PartitionPlan plan =
+      PartitionPlan::Make(range.tensor_bytes, range.dtype, key_partition_bytes_);
   const uint64_t slice = message_bytes_;
   CutRange(plan, range, now, [&](const Segment& piece) {
     Segment s = piece;
@@ -194,7 +193,6 @@ void GradlanePolicy::OnAcked(uint64_t bytes, TimeNs /*now*/) {
                      in_flight_.begin() + static_cast<std::ptrdiff_t>(in_flight_head_));
     in_flight_head_ = 0;
   }
-
 }
 
 bool GradlanePolicy::WindowAdmitsBlock() const {
@@ -222,8 +220,7 @@ void GradlanePolicy::OnLinkEstimate(double bytes_per_s, TimeNs rtt) {
   // swing of the rate estimate as the first version did, sized windows of tens of MB.
   rtt_min_ = std::min(rtt_min_, rtt);
   // The estimate jitters: re-derive only when B moved by more than 1/8 or the floor moved.
-  const bool bandwidth_moved =
-      bytes_per_s > bandwidth_ * 1.125 || bytes_per_s * 1.125 < bandwidth_;
+  const bool bandwidth_moved = bytes_per_s > bandwidth_ * 1.125 || bytes_per_s * 1.125 < bandwidth_;
   if (bandwidth_moved) bandwidth_ = bytes_per_s;
   if (bandwidth_moved || rtt_min_ != old_rtt_min) Resize();
 }

@@ -123,8 +123,8 @@ uint32_t GradlaneSliceRound(uint32_t partition, uint64_t slice, uint32_t group);
 
 // Rule 3: pops from `queue` the most urgent segment and, behind it, the following segments for
 // the same peer and iteration while the block's bytes stay <= block_bytes; segments for other
-// peers that were passed over are pushed back. `passed_over` is scratch storage (cleared; reused). Requires a
-// non-empty queue. Returns the block's bytes.
+// peers that were passed over are pushed back. `passed_over` is scratch storage (cleared; reused).
+// Requires a non-empty queue. Returns the block's bytes.
 uint64_t GradlaneTakeBlock(ReadyQueue& queue, uint64_t block_bytes,
                            std::vector<Segment>& passed_over, std::vector<Segment>& block);
 
@@ -180,7 +180,7 @@ class GradlanePolicy final : public Policy {
   uint64_t previous_bytes_ = 0;
   uint64_t iteration_bytes_ = 0;  // max(previous, current): N·B
 
-  uint64_t message_bytes_ = 0;  // δ
+  uint64_t message_bytes_ = 0;   // δ
   std::vector<bool> peer_seen_;  // by peer rank (16 bits)
   uint32_t peers_ = 0;           // P: distinct peers this host has sent to
   uint64_t capacity_ = 0;

@@ -8,11 +8,10 @@
 namespace gradlane::sched {
 
 std::unique_ptr<ProphetPolicy> ProphetPolicy::Create(const PolicyConfig& config) {
-  const uint64_t partition = config.partition_bytes != 0 ? config.partition_bytes
-                                                         : kProphetDefaultPartitionBytes;
-  const uint64_t credit = config.credit_bytes != 0
-                              ? config.credit_bytes
-                              : kProphetDefaultCreditPartitions * partition;
+  const uint64_t partition =
+      config.partition_bytes != 0 ? config.partition_bytes : kProphetDefaultPartitionBytes;
+  const uint64_t credit =
+      config.credit_bytes != 0 ? config.credit_bytes : kProphetDefaultCreditPartitions * partition;
   return std::unique_ptr<ProphetPolicy>(
       new ProphetPolicy(partition, credit, config.initial_bandwidth_bytes_per_s));
 }
@@ -66,7 +65,8 @@ void ProphetPolicy::RefreshTree() {
 void ProphetPolicy::SetTreeValue(size_t pos) {
   size_t node = tree_leaves_ + pos;
   tree_[node] = ExpectedValue(tensors_[pos]);
-  for (node /= 2; node >= 1; node /= 2) tree_[node] = std::min(tree_[2 * node], tree_[2 * node + 1]);
+  for (node /= 2; node >= 1; node /= 2)
+    tree_[node] = std::min(tree_[2 * node], tree_[2 * node + 1]);
 }
 
 void ProphetPolicy::StartIteration(int64_t iteration, TimeNs now) {

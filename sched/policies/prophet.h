@@ -147,7 +147,7 @@ class ProphetPolicy final : public Policy {
   CreditWindow window_;
   double bandwidth_;  // bytes per second, > 0
 
-  std::vector<TensorState> tensors_;  // sorted by (priority, id)
+  std::vector<TensorState> tensors_;                  // sorted by (priority, id)
   absl::flat_hash_map<uint32_t, uint32_t> position_;  // tensor id -> index in tensors_
   // Min segment tree over tensors_ order: c(i) of a tensor still expected this iteration,
   // kOverdue if unknown, kNever if already ready or absent. Leaves start at tree_leaves_.

@@ -23,10 +23,10 @@
 #include "absl/flags/usage_config.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -40,8 +40,9 @@ ABSL_FLAG(std::string, profile, "", "model profile JSON file (docs/design.md §5
 ABSL_FLAG(std::string, bandwidth, "10gbit",
           "per-host link bandwidth per direction: Nkbit, Nmbit, Ngbit or plain bits/s");
 ABSL_FLAG(int, workers, 3, "number of hosts W (each a worker and a PS shard)");
-ABSL_FLAG(std::string, policy, "all",
-          "'all' or a comma-separated list of policies (fifo, p3, bytescheduler, prophet, gradlane)");
+ABSL_FLAG(
+    std::string, policy, "all",
+    "'all' or a comma-separated list of policies (fifo, p3, bytescheduler, prophet, gradlane)");
 ABSL_FLAG(std::string, format, "csv", "csv (for tools) or table (for people)");
 // Default: SimConfig::overhead_ns (gradlaned's θ over TCP, measured by tests/bench/theta.sh).
 ABSL_FLAG(double, overhead_us, 3, "per-message overhead θ on the sender's link, µs");
@@ -184,8 +185,8 @@ absl::StatusOr<std::vector<Priority>> LayerPriorities(const ModelProfile& profil
     const auto& l = profile.layers[i];
     chain.push_back({l.name, l.param_bytes, l.fwd_ns, l.bwd_ns});
     if (l.param_bytes > 0) {
-      tensors.push_back({static_cast<uint32_t>(i), l.param_bytes,
-                         gradlane::sched::DType::kF32, static_cast<Priority>(i)});
+      tensors.push_back({static_cast<uint32_t>(i), l.param_bytes, gradlane::sched::DType::kF32,
+                         static_cast<Priority>(i)});
     }
   }
   gradlane::sched::PriorityOptions options;
@@ -290,7 +291,8 @@ int main(int argc, char** argv) {
   config.shard_partition_bytes = static_cast<uint64_t>(shard_bytes);
   config.ideal_granularity_bytes = static_cast<uint64_t>(ideal_bytes);
   if (const double rho = absl::GetFlag(FLAGS_rho); rho != 0) {
-    if (!std::isfinite(rho) || rho < 1e-3 || rho > 1e3) Fail(2, "--rho must be 0 or in [0.001, 1000]");
+    if (!std::isfinite(rho) || rho < 1e-3 || rho > 1e3)
+      Fail(2, "--rho must be 0 or in [0.001, 1000]");
     const double factor = sim::Rho(*profile, config) / rho;
     if (!std::isfinite(factor)) Fail(2, "--rho: the profile has no compute time to scale");
     for (gradlane::sched::ModelLayer& l : profile->layers) {
@@ -309,8 +311,7 @@ int main(int argc, char** argv) {
   if (!names.ok()) Fail(2, names.status().message());
 
   auto factory_for = [&](const std::string& name) {
-    return [name, partition, credit, bandwidth = *bandwidth,
-            overhead_ns = config.overhead_ns]() {
+    return [name, partition, credit, bandwidth = *bandwidth, overhead_ns = config.overhead_ns]() {
       PolicyConfig pc;
       pc.name = name;
       pc.partition_bytes = static_cast<uint64_t>(partition);
@@ -347,10 +348,20 @@ int main(int argc, char** argv) {
     rows.push_back(*std::move(fluid));
   }
 
-  const std::vector<std::string> header = {
-      "policy",   "iteration_ms", "speedup_vs_fifo", "ratio_to_ideal", "gpu_idle_pct",
-      "alpha",    "rho",          "compute_ms",      "comm_ms",        "max_link_mb",
-      "messages", "bandwidth_gbit", "workers",       "model"};
+  const std::vector<std::string> header = {"policy",
+                                           "iteration_ms",
+                                           "speedup_vs_fifo",
+                                           "ratio_to_ideal",
+                                           "gpu_idle_pct",
+                                           "alpha",
+                                           "rho",
+                                           "compute_ms",
+                                           "comm_ms",
+                                           "max_link_mb",
+                                           "messages",
+                                           "bandwidth_gbit",
+                                           "workers",
+                                           "model"};
   std::vector<std::vector<std::string>> cells;
   for (const sim::SimResult& r : rows) {
     double max_link = 0, messages = 0;
@@ -387,8 +398,9 @@ int main(int argc, char** argv) {
     }
     auto print = [&](const std::vector<std::string>& row) {
       for (size_t c = 0; c < row.size(); ++c) {
-        std::cout << (c ? "  " : "") << (c == 0 ? absl::StrFormat("%-*s", width[c], row[c])
-                                                 : absl::StrFormat("%*s", width[c], row[c]));
+        std::cout << (c ? "  " : "")
+                  << (c == 0 ? absl::StrFormat("%-*s", width[c], row[c])
+                             : absl::StrFormat("%*s", width[c], row[c]));
       }
       std::cout << "\n";
     };
@@ -397,8 +409,8 @@ int main(int argc, char** argv) {
     std::cout << absl::StrFormat(
         "\n%s, W=%d, %.3g Gbit/s, θ=%.0f µs, latency=%.0f µs, %d+%d iterations; ideal bound from "
         "the %s relaxation\n",
-        profile->model, config.workers, config.bandwidth_bits_per_s / 1e9, overhead_us,
-        latency_us, config.warmup_iterations, config.measured_iterations, ideal->variant);
+        profile->model, config.workers, config.bandwidth_bits_per_s / 1e9, overhead_us, latency_us,
+        config.warmup_iterations, config.measured_iterations, ideal->variant);
   }
   if (absl::GetFlag(FLAGS_details)) {
     std::cout << "\n# per-iteration times (ms) and per-host traffic (MB per iteration)\n";
@@ -410,8 +422,8 @@ int main(int argc, char** argv) {
       for (size_t h = 0; h < r.links.size(); ++h) {
         const sim::LinkStats& l = r.links[h];
         std::cout << absl::StrFormat(
-            "  host %d: up %.3f MB (busy %.3f ms, %.0f messages), down %.3f MB (busy %.3f ms)\n",
-            h, l.up_bytes / 1e6, l.up_busy_ns / 1e6, l.up_messages, l.down_bytes / 1e6,
+            "  host %d: up %.3f MB (busy %.3f ms, %.0f messages), down %.3f MB (busy %.3f ms)\n", h,
+            l.up_bytes / 1e6, l.up_busy_ns / 1e6, l.up_messages, l.down_bytes / 1e6,
             l.down_busy_ns / 1e6);
       }
     }

@@ -216,8 +216,7 @@ struct Host {
 
 class Engine {
  public:
-  Engine(const ModelProfile& profile, const SimConfig& config, bool ideal,
-         IdealPorts ports = {})
+  Engine(const ModelProfile& profile, const SimConfig& config, bool ideal, IdealPorts ports = {})
       : profile_(profile), config_(config), ideal_(ideal), ports_(ports), w_(config.workers) {}
 
   absl::StatusOr<SimResult> Run(const PolicyFactory* factory, std::string_view label);
@@ -267,16 +266,13 @@ class Engine {
     return forward_before_[layer] - (direction == Direction::kPush ? config_.latency_ns : 0);
   }
   bool UpConstrained(int h) const { return ports_.all || (ports_.uplink && ports_.host == h); }
-  bool DownConstrained(int h) const {
-    return ports_.all || (!ports_.uplink && ports_.host == h);
-  }
+  bool DownConstrained(int h) const { return ports_.all || (!ports_.uplink && ports_.host == h); }
   void FreeMessage(int64_t id) { free_messages_.push_back(id); }
   // The shard owning all of [offset, offset+length) of a tensor, or -1 if no single one does.
   int OwnerOf(uint32_t tensor, uint64_t offset, uint64_t length) const {
     const std::vector<OwnedRange>& ranges = owned_[tensor];
-    auto it = std::upper_bound(
-        ranges.begin(), ranges.end(), offset,
-        [](uint64_t off, const OwnedRange& r) { return off < r.offset; });
+    auto it = std::upper_bound(ranges.begin(), ranges.end(), offset,
+                               [](uint64_t off, const OwnedRange& r) { return off < r.offset; });
     if (it == ranges.begin()) return -1;
     --it;
     return offset + length <= it->offset + it->length ? it->owner : -1;
@@ -331,8 +327,7 @@ int64_t Engine::NewMessage() {
   return static_cast<int64_t>(messages_.size()) - 1;
 }
 
-absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory,
-                                      std::string_view label_view) {
+absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory, std::string_view label_view) {
   const std::string label(label_view);
   const size_t num_layers = profile_.layers.size();
   total_ = config_.warmup_iterations + config_.measured_iterations;
@@ -389,9 +384,8 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory,
     host.policy = std::move(*policy);
     for (size_t t = 0; t < num_layers; ++t) {
       if (profile_.layers[t].param_bytes == 0) continue;
-      host.policy->RegisterTensor(TensorSpec{static_cast<uint32_t>(t),
-                                             profile_.layers[t].param_bytes, DType::kF32,
-                                             priority_[t]});
+      host.policy->RegisterTensor(TensorSpec{
+          static_cast<uint32_t>(t), profile_.layers[t].param_bytes, DType::kF32, priority_[t]});
     }
     // The configured link, and the round trip of a small message: θ plus latency both ways.
     host.policy->OnLinkEstimate(bytes_per_s, 2 * config_.latency_ns + config_.overhead_ns);
@@ -468,8 +462,8 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory,
         }
       }
       return absl::InternalError(absl::StrCat(
-          label, ": stalled: worker ", w, " stuck in iteration ", workers_[w].iteration,
-          " layer ", workers_[w].layer, " with no event left;", detail));
+          label, ": stalled: worker ", w, " stuck in iteration ", workers_[w].iteration, " layer ",
+          workers_[w].layer, " with no event left;", detail));
     }
   }
 
@@ -505,8 +499,8 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory,
   }
   result.comm_ns = busiest * 8e9 / config_.bandwidth_bits_per_s;
   const double n = result.comm_ns;
-  result.alpha = n > 0 && c > 0 ? (n + c - t) / std::min(n, c)
-                                : std::numeric_limits<double>::quiet_NaN();
+  result.alpha =
+      n > 0 && c > 0 ? (n + c - t) / std::min(n, c) : std::numeric_limits<double>::quiet_NaN();
   result.rho = Rho(profile_, config_);
   result.events = processed_;
   return result;
@@ -568,19 +562,17 @@ void Engine::OnGradientsReady(int w, int64_t iteration, size_t group, TimeNs now
 
 void Engine::Enqueue(int host, const ReadyRange& range, TimeNs now) {
   if (ideal_) {
-    hosts_[host].ideal_up.insert(IdealItem{range.iteration,
-                                           IdealRank(range.tensor_id, range.direction),
-                                           range.tensor_id, range.offset,
-                                           range.offset + range.length, range.priority,
-                                           range.direction, range.peer, 0});
+    hosts_[host].ideal_up.insert(IdealItem{
+        range.iteration, IdealRank(range.tensor_id, range.direction), range.tensor_id, range.offset,
+        range.offset + range.length, range.priority, range.direction, range.peer, 0});
     RequestIdealSchedule(now);
   } else {
     hosts_[host].policy->OnReady(range, now);
   }
 }
 
-void Engine::ShardAdd(int shard, int64_t iteration, uint32_t tensor, uint64_t begin,
-                      uint64_t end, TimeNs now) {
+void Engine::ShardAdd(int shard, int64_t iteration, uint32_t tensor, uint64_t begin, uint64_t end,
+                      TimeNs now) {
   const size_t num_layers = profile_.layers.size();
   auto key = std::make_pair(iteration, tensor);
   auto& per_shard = coverage_[shard];
@@ -642,8 +634,7 @@ void Engine::Aggregated(int shard, const AggJob& job, TimeNs now) {
   WorkerReceive(shard, job.iteration, job.tensor, job.length, now);
 }
 
-void Engine::WorkerReceive(int w, int64_t iteration, uint32_t tensor, uint64_t bytes,
-                           TimeNs now) {
+void Engine::WorkerReceive(int w, int64_t iteration, uint32_t tensor, uint64_t bytes, TimeNs now) {
   const size_t num_layers = profile_.layers.size();
   uint64_t& got = received_[w][iteration * num_layers + tensor];
   got += bytes;
@@ -706,10 +697,9 @@ void Engine::Commit(int host_id, const Dispatch& d, TimeNs now) {
     sum += s.length;
   }
   if (d.segments.empty() || sum != d.bytes) {
-    Fail(absl::InternalError(absl::StrCat("host ", host_id,
-                                          ": policy returned a dispatch with ", d.segments.size(),
-                                          " segments, bytes ", d.bytes, " (segments sum ", sum,
-                                          ")")));
+    Fail(absl::InternalError(absl::StrCat("host ", host_id, ": policy returned a dispatch with ",
+                                          d.segments.size(), " segments, bytes ", d.bytes,
+                                          " (segments sum ", sum, ")")));
     return;
   }
   int64_t dispatch_id;
@@ -758,8 +748,8 @@ void Engine::StartUplink(int host_id, TimeNs now) {
   const TimeNs tx = TxNs(m.bytes);
   const TimeNs up_done = now + config_.overhead_ns + tx;
   Host& dst = hosts_[m.dst];
-  const TimeNs down_start = std::max(now + config_.overhead_ns + config_.latency_ns,
-                                     dst.downlink_free);
+  const TimeNs down_start =
+      std::max(now + config_.overhead_ns + config_.latency_ns, dst.downlink_free);
   dst.downlink_free = down_start + tx;
   if (Measured(m.iteration)) {
     host.stats.up_bytes += m.bytes;
@@ -918,9 +908,8 @@ absl::Status ValidateConfig(const ModelProfile& profile, const SimConfig& config
         absl::StrCat("workers must be in [1, 4096], got ", config.workers));
   }
   if (!std::isfinite(config.bandwidth_bits_per_s) || config.bandwidth_bits_per_s <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bandwidth must be a positive number of bits/s, got ",
-                     config.bandwidth_bits_per_s));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bandwidth must be a positive number of bits/s, got ", config.bandwidth_bits_per_s));
   }
   if (config.overhead_ns < 0 || config.latency_ns < 0) {
     return absl::InvalidArgumentError("overhead and latency must be >= 0");
@@ -940,9 +929,8 @@ absl::Status ValidateConfig(const ModelProfile& profile, const SimConfig& config
         "warmup iterations must be >= 0 and measured iterations >= 1 (at most 100000 each)");
   }
   if (!config.priorities.empty() && config.priorities.size() != profile.layers.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("priorities: ", config.priorities.size(),
-                                                   " given for ", profile.layers.size(),
-                                                   " layers"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "priorities: ", config.priorities.size(), " given for ", profile.layers.size(), " layers"));
   }
   if (profile.layers.empty()) {
     return absl::InvalidArgumentError("model profile has no layers");

@@ -133,7 +133,7 @@ struct LinkStats {
 
 struct SimResult {
   std::string policy;
-  std::string variant;  // the ideal bound: which port's relaxation gave it
+  std::string variant;               // the ideal bound: which port's relaxation gave it
   std::vector<TimeNs> iteration_ns;  // T(k) for each measured iteration
   double mean_iteration_ns = 0;
   // From a cold start (t = 0, every worker beginning iteration 0) to max_w S(warmup+measured, w):

@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dpdk_raw: --peer: %s\n", std::string(peer_ip.status().message()).c_str());
     return 2;
   }
-  const dg::Ipv4Endpoint to{peer_ip.ok() ? *peer_ip : 0, static_cast<uint16_t>(absl::GetFlag(FLAGS_port))};
+  const dg::Ipv4Endpoint to{peer_ip.ok() ? *peer_ip : 0,
+                            static_cast<uint16_t>(absl::GetFlag(FLAGS_port))};
   std::fprintf(stderr, "dpdk_raw: %s\n", (*port)->Describe().c_str());
   const uint32_t dgram = (*port)->max_datagram_bytes();
   std::vector<uint8_t> payload(dgram, 0x5A);
@@ -105,7 +106,8 @@ int main(int argc, char** argv) {
   Counter rx;
   rx.counting = recv;
   rx.window = secs - sched_second();
-  const TimeNs tx_from = start + 500 * gradlane::sched::kMillisecond, tx_to = end - 500 * gradlane::sched::kMillisecond;
+  const TimeNs tx_from = start + 500 * gradlane::sched::kMillisecond,
+               tx_to = end - 500 * gradlane::sched::kMillisecond;
   uint64_t tx_bytes = 0;
   // A receiver runs until its window (which starts with the first datagram) is over, at most
   // `seconds` + 10 s; a sender stops at `end`.
@@ -123,6 +125,7 @@ int main(int argc, char** argv) {
   }
   const double window = static_cast<double>(recv ? rx.window : tx_to - tx_from) / 1e9;
   std::printf("dpdk_raw mode=%s datagram=%u rx_gbps=%.3f tx_gbps=%.3f\n", mode.c_str(), dgram,
-              static_cast<double>(rx.bytes) * 8 / window / 1e9, static_cast<double>(tx_bytes) * 8 / window / 1e9);
+              static_cast<double>(rx.bytes) * 8 / window / 1e9,
+              static_cast<double>(tx_bytes) * 8 / window / 1e9);
   return 0;
 }

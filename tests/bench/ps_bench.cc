@@ -69,9 +69,9 @@ void BM_Aggregate(benchmark::State& state, DType dtype, ReduceOp op) {
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * (kWorld + 1) * bytes);
-  state.counters["contrib_rate"] = benchmark::Counter(
-      static_cast<double>(state.iterations()) * kWorld * bytes, benchmark::Counter::kIsRate,
-      benchmark::Counter::kIs1024);
+  state.counters["contrib_rate"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * kWorld * bytes,
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
   state.SetLabel(std::string(KernelIsaName(isa == KernelIsa::kAuto ? ResolvedKernelIsa() : isa)));
 }
 

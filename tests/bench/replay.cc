@@ -29,10 +29,10 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -62,7 +62,7 @@ struct Layer {
   std::string name;
   int64_t fwd_ns = 0;
   int64_t ready_ns = 0;
-  uint64_t bytes = 0;      // registered bytes (0: no parameters, nothing to send)
+  uint64_t bytes = 0;  // registered bytes (0: no parameters, nothing to send)
   uint32_t tensor = 0;
   int64_t done_iter = -1;  // latest iteration whose result is back
 };
@@ -109,7 +109,10 @@ int main(int argc, char** argv) {
   }
   if (!ok || iterations < 1 || warmup < 0 || !f.Has("profile") ||
       (priority_mode != "index" && priority_mode != "auto")) {
-    if (ok) std::fprintf(stderr, "error: need --profile, --iterations >= 1, --warmup >= 0, --priority index|auto\n");
+    if (ok)
+      std::fprintf(
+          stderr,
+          "error: need --profile, --iterations >= 1, --warmup >= 0, --priority index|auto\n");
     Usage();
     return 2;
   }
@@ -163,29 +166,29 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < layers.size(); ++i) {
     if (layers[i].bytes == 0) continue;
     void* buf = nullptr;
-    const int32_t prio =
-        priority_mode == "auto" ? GL_PRIORITY_AUTO : static_cast<int32_t>(i);
-    const int s = gl_register_tensor(c, layers[i].name.c_str(), layers[i].bytes, GL_DTYPE_F32,
-                                     prio, &layers[i].tensor, &buf);
+    const int32_t prio = priority_mode == "auto" ? GL_PRIORITY_AUTO : static_cast<int32_t>(i);
+    const int s = gl_register_tensor(c, layers[i].name.c_str(), layers[i].bytes, GL_DTYPE_F32, prio,
+                                     &layers[i].tensor, &buf);
     if (s != GL_OK) {
       std::fprintf(stderr, "error: gl_register_tensor(%s, %" PRIu64 " bytes): %s (%s)\n",
                    layers[i].name.c_str(), layers[i].bytes, gl_strerror(s), gl_last_error(c));
       gl_close(c);
       return 1;
     }
-    if (layers[i].tensor >= layer_of_tensor.size()) layer_of_tensor.resize(layers[i].tensor + 1, SIZE_MAX);
+    if (layers[i].tensor >= layer_of_tensor.size())
+      layer_of_tensor.resize(layers[i].tensor + 1, SIZE_MAX);
     layer_of_tensor[layers[i].tensor] = i;
     // A deterministic gradient; the values do not matter to the timing.
     std::fill_n(static_cast<float*>(buf), layers[i].bytes / 4, 1.0f / static_cast<float>(i + 1));
   }
   if (!quiet) {
-    std::printf("gradlane-replay: model=%s policy=%s rank=%u/%u layers=%zu tensors=%zu bytes=%" PRIu64
-                " compute=%.1fms (fwd %.1f + bwd %.1f) iterations=%" PRId64 " warmup=%" PRId64 "\n",
-                profile->model.c_str(), jf.policy.empty() ? "(default)" : jf.policy.c_str(),
-                jf.rank, jf.world, layers.size(), bwd_order.size(), total_bytes,
-                static_cast<double>(compute_ns) / 1e6,
-                static_cast<double>(compute_ns - backward_ns) / 1e6,
-                static_cast<double>(backward_ns) / 1e6, iterations, warmup);
+    std::printf(
+        "gradlane-replay: model=%s policy=%s rank=%u/%u layers=%zu tensors=%zu bytes=%" PRIu64
+        " compute=%.1fms (fwd %.1f + bwd %.1f) iterations=%" PRId64 " warmup=%" PRId64 "\n",
+        profile->model.c_str(), jf.policy.empty() ? "(default)" : jf.policy.c_str(), jf.rank,
+        jf.world, layers.size(), bwd_order.size(), total_bytes,
+        static_cast<double>(compute_ns) / 1e6, static_cast<double>(compute_ns - backward_ns) / 1e6,
+        static_cast<double>(backward_ns) / 1e6, iterations, warmup);
     std::fflush(stdout);
   }
 
@@ -199,8 +202,9 @@ int main(int argc, char** argv) {
   // Consumes completions; blocks up to `wait_ms` for the first. Returns false on error.
   auto drain = [&](int wait_ms) -> bool {
     uint32_t n = 0;
-    const int s = wait_ms > 0 ? gl_wait(c, comp.data(), static_cast<uint32_t>(comp.size()), &n, wait_ms)
-                              : gl_poll(c, comp.data(), static_cast<uint32_t>(comp.size()), &n);
+    const int s = wait_ms > 0
+                      ? gl_wait(c, comp.data(), static_cast<uint32_t>(comp.size()), &n, wait_ms)
+                      : gl_poll(c, comp.data(), static_cast<uint32_t>(comp.size()), &n);
     if (s == GL_E_TIMEOUT) return true;
     if (s != GL_OK) {
       std::fprintf(stderr, "error: rank %u: waiting for completions: %s (%s)\n", jf.rank,
@@ -209,9 +213,12 @@ int main(int argc, char** argv) {
     }
     for (uint32_t k = 0; k < n; ++k) {
       const gl_completion& e = comp[k];
-      const size_t li = e.tensor_id < layer_of_tensor.size() ? layer_of_tensor[e.tensor_id] : SIZE_MAX;
+      const size_t li =
+          e.tensor_id < layer_of_tensor.size() ? layer_of_tensor[e.tensor_id] : SIZE_MAX;
       if (e.status != GL_OK || li == SIZE_MAX) {
-        std::fprintf(stderr, "error: rank %u: completion for tensor %u (%s) iteration %" PRId64 ": %s (%s)\n",
+        std::fprintf(stderr,
+                     "error: rank %u: completion for tensor %u (%s) iteration %" PRId64
+                     ": %s (%s)\n",
                      jf.rank, e.tensor_id, li == SIZE_MAX ? "?" : layers[li].name.c_str(),
                      e.iteration, gl_strerror(e.status), gl_last_error(c));
         return false;
@@ -235,9 +242,10 @@ int main(int argc, char** argv) {
         const bool waited = layers[i].done_iter < k - 1;
         while (rc == 0 && layers[i].done_iter < k - 1) {
           if (NowNs() - w0 > timeout_ns) {
-            std::fprintf(stderr, "error: rank %u: layer %zu (%s) of iteration %" PRId64
-                         " not back after %d ms\n", jf.rank, i, layers[i].name.c_str(), k - 1,
-                         jf.timeout_ms);
+            std::fprintf(stderr,
+                         "error: rank %u: layer %zu (%s) of iteration %" PRId64
+                         " not back after %d ms\n",
+                         jf.rank, i, layers[i].name.c_str(), k - 1, jf.timeout_ms);
             rc = 1;
             break;
           }

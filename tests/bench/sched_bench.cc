@@ -1,5 +1,5 @@
-// Scheduler overhead (docs/design.md §5.3): nanoseconds per segment for enqueue + dequeue + ack, per
-// policy, with 10k ready segments (100 tensors × 100 partitions of 64 KiB).
+// Scheduler overhead (docs/design.md §5.3): nanoseconds per segment for enqueue + dequeue + ack,
+// per policy, with 10k ready segments (100 tensors × 100 partitions of 64 KiB).
 //
 //   BM_Burst/<policy>:       all 10k segments become ready (backward order, 10 µs apart), then
 //                            are drained: the ready queue holds 10k at its peak.

@@ -1,5 +1,5 @@
-// shm_bench — data-path overheads of the shared-memory queue (docs/design.md §5.3), as a plain timing
-// program (percentiles, which Google Benchmark does not report):
+// shm_bench — data-path overheads of the shared-memory queue (docs/design.md §5.3), as a plain
+// timing program (percentiles, which Google Benchmark does not report):
 //   1. ring post-to-visible latency between two processes, consumer spinning;
 //   2. the same with the consumer asleep on its doorbell (eventfd wake-up included);
 //   3. ring throughput, descriptors per second, producer and consumer in two processes;
@@ -162,7 +162,8 @@ double RingThroughput(uint64_t count) {
 // libgradlane against the in-process session server. `spinning_server`: the server thread
 // calls PollOnce_st in a loop; otherwise it sleeps in Wait_st() whenever idle (the default Run_st).
 struct ClientBench {
-  explicit ClientBench(bool spinning_server, bool yield_when_idle = false) : yield(yield_when_idle) {
+  explicit ClientBench(bool spinning_server, bool yield_when_idle = false)
+      : yield(yield_when_idle) {
     char tmpl[] = "/tmp/gradlane-bench-XXXXXX";
     dir = ::mkdtemp(tmpl);
     gradlane::daemon::SessionServerOptions o;
@@ -224,8 +225,8 @@ double ClientThroughput(uint64_t count) {
   uint64_t posted = 0, done = 0;
   const int64_t t0 = Now();
   while (done < count) {
-    while (posted < count &&
-           gl_post(b.c, b.id, static_cast<int64_t>(posted / 256), (posted % 256) * 4096, 4096, posted) == GL_OK) {
+    while (posted < count && gl_post(b.c, b.id, static_cast<int64_t>(posted / 256),
+                                     (posted % 256) * 4096, 4096, posted) == GL_OK) {
       ++posted;
     }
     uint32_t n = 0;

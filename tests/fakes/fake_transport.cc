@@ -37,9 +37,8 @@ void FakeNetwork::Kill(std::string_view address, bool silent) {
 
 // ---- lifecycle --------------------------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<FakeTransport>> FakeTransport::Create(const TransportOptions& options,
-                                                                      TransportHandler* handler,
-                                                                      FakeNetwork* network) {
+absl::StatusOr<std::unique_ptr<FakeTransport>> FakeTransport::Create(
+    const TransportOptions& options, TransportHandler* handler, FakeNetwork* network) {
   if (handler == nullptr || network == nullptr) {
     return absl::InvalidArgumentError("fake transport needs a handler and a network");
   }
@@ -71,7 +70,8 @@ absl::StatusOr<uint16_t> FakeTransport::Listen_st() {
   const uint16_t port = options_.listen_port != 0 ? options_.listen_port : network_->next_port_++;
   const std::string addr = absl::StrCat(options_.listen_address, ":", port);
   if (network_->Find(addr) != nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot listen on ", addr, ": address already in use"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot listen on ", addr, ": address already in use"));
   }
   network_->endpoints_[addr] = this;
   return port;
@@ -114,17 +114,21 @@ absl::StatusOr<RegionId> FakeTransport::RegisterRegion_st(void* base, uint64_t b
   return regions_.Register(base, bytes);
 }
 
-absl::Status FakeTransport::UnregisterRegion_st(RegionId region) { return regions_.Unregister(region); }
+absl::Status FakeTransport::UnregisterRegion_st(RegionId region) {
+  return regions_.Unregister(region);
+}
 
 // ---- data path --------------------------------------------------------------------------------
 
 absl::Status FakeTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
   Conn* c = conns_.Lookup(peer);
-  if (c == nullptr || c->state == State::kDown) return absl::NotFoundError("peer handle is not connected");
+  if (c == nullptr || c->state == State::kDown)
+    return absl::NotFoundError("peer handle is not connected");
   if (c->pending.size() >= options_.max_pending_sends_per_peer) {
     return absl::ResourceExhaustedError("peer send queue full");
   }
-  const absl::StatusOr<const uint8_t*> payload = regions_.ResolveSend(spec, options_.max_segment_bytes);
+  const absl::StatusOr<const uint8_t*> payload =
+      regions_.ResolveSend(spec, options_.max_segment_bytes);
   if (!payload.ok()) return payload.status();
   const JobCredentials& job = jobs_[c->job].creds;
   PendingSend p;
@@ -153,8 +157,9 @@ int FakeTransport::Progress_st(TimeNs now, int /*wait_ms*/) {
     if (c.state != State::kBackoff || now < c.retry_at) return;
     if (now >= c.give_up_at) {
       Down(c,
-           absl::DeadlineExceededError(absl::StrCat("could not connect to ", c.remote_address, " within ",
-                                                    options_.connect_deadline / sched::kMillisecond, " ms")),
+           absl::DeadlineExceededError(
+               absl::StrCat("could not connect to ", c.remote_address, " within ",
+                            options_.connect_deadline / sched::kMillisecond, " ms")),
            false, now);
       return;
     }
@@ -235,8 +240,8 @@ void FakeTransport::Deliver(const std::string& to, Message m) {
   r->inbox_.push_back(std::move(m));
 }
 
-void FakeTransport::Reply(const Message& to, FrameType type, WireError code, const std::string& reason,
-                          const Conn* from, TimeNs now) {
+void FakeTransport::Reply(const Message& to, FrameType type, WireError code,
+                          const std::string& reason, const Conn* from, TimeNs now) {
   Message m;
   m.type = type;
   m.to_conn = to.from_conn;
@@ -300,11 +305,14 @@ void FakeTransport::Handle(Message& m, TimeNs now) {
     }
     case FrameType::kReject:
       if (c->state != State::kHelloSent) return;
-      Down(*c, PeerClosedStatus(FrameType::kReject, PeerError{m.code, m.reason}, c->remote_address), false, now);
+      Down(*c, PeerClosedStatus(FrameType::kReject, PeerError{m.code, m.reason}, c->remote_address),
+           false, now);
       return;
     case FrameType::kGoodbye:
       counters_.peer_resets.Add_st(1);
-      Down(*c, PeerClosedStatus(FrameType::kGoodbye, PeerError{m.code, m.reason}, absl::StrCat("rank ", c->peer_rank)),
+      Down(*c,
+           PeerClosedStatus(FrameType::kGoodbye, PeerError{m.code, m.reason},
+                            absl::StrCat("rank ", c->peer_rank)),
            false, now);
       return;
     case FrameType::kData:
@@ -326,9 +334,10 @@ void FakeTransport::HandleData(Conn& c, Message& m, TimeNs now) {
     if (t.by_piece) {
       const uint64_t piece = network_->piece_bytes_ == 0 ? m.header.length : network_->piece_bytes_;
       for (uint64_t off = 0; off < m.header.length; off += piece) {
-        handler_->OnRecvPiece_st(InfoOf(c), m.header, t, off,
-                                 std::span<const uint8_t>(m.payload.data() + off,
-                                                          std::min<uint64_t>(piece, m.header.length - off)));
+        handler_->OnRecvPiece_st(
+            InfoOf(c), m.header, t, off,
+            std::span<const uint8_t>(m.payload.data() + off,
+                                     std::min<uint64_t>(piece, m.header.length - off)));
       }
     } else if (m.header.length > 0) {
       std::memcpy(*dst, m.payload.data(), m.header.length);
@@ -352,10 +361,12 @@ void FakeTransport::HandleAck(Conn& c, const Message& m, TimeNs now) {
   const PendingSend p = c.pending.front();
   c.pending.pop_front();
   --c.sent;
-  report_.SendAcked(conns_.HandleOf(c), c.peer_rank, c.counters, p, (m.header.flags & kFlagAckRejected) != 0, now);
+  report_.SendAcked(conns_.HandleOf(c), c.peer_rank, c.counters, p,
+                    (m.header.flags & kFlagAckRejected) != 0, now);
 }
 
-void FakeTransport::Down(Conn& c, const absl::Status& why, bool tell_peer, TimeNs now, WireError code) {
+void FakeTransport::Down(Conn& c, const absl::Status& why, bool tell_peer, TimeNs now,
+                         WireError code) {
   if (c.state == State::kDown) return;
   c.state = State::kDown;
   // remote_conn is set once the peer answered: only then is there anyone to say goodbye to.
@@ -369,13 +380,16 @@ void FakeTransport::Down(Conn& c, const absl::Status& why, bool tell_peer, TimeN
     Deliver(c.remote_address, std::move(m));
   }
   PendingSend failing;
-  report_.FailPendingAndReportDown(InfoOf(c), c.known, c.counters, [&]() -> const PendingSend* {
-    if (c.pending.empty()) return nullptr;
-    failing = c.pending.front();  // unacknowledged ones first: they are older than the unsent
-    c.pending.pop_front();
-    if (c.sent > 0) --c.sent;
-    return &failing;
-  }, why);
+  report_.FailPendingAndReportDown(
+      InfoOf(c), c.known, c.counters,
+      [&]() -> const PendingSend* {
+        if (c.pending.empty()) return nullptr;
+        failing = c.pending.front();  // unacknowledged ones first: they are older than the unsent
+        c.pending.pop_front();
+        if (c.sent > 0) --c.sent;
+        return &failing;
+      },
+      why);
   conns_.Retire(c);
 }
 

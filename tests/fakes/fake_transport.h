@@ -79,8 +79,8 @@ class FakeTransport final : public Transport {
  public:
   // `network` and `handler` must outlive the transport.
   static absl::StatusOr<std::unique_ptr<FakeTransport>> Create(const TransportOptions& options,
-                                                                TransportHandler* handler,
-                                                                FakeNetwork* network);
+                                                               TransportHandler* handler,
+                                                               FakeNetwork* network);
   // Leaving the network is a process exit: connected peers see a reset.
   ~FakeTransport();
   FakeTransport(const FakeTransport&) = delete;
@@ -174,7 +174,6 @@ class FakeTransport final : public Transport {
   TransportCounters counters_;
   Completions report_{handler_, &counters_};
 };
-
 
 }  // namespace gradlane::transport::fake
 

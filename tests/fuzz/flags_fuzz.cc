@@ -30,9 +30,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     while (!line.empty() && line.front() == '-') line.remove_prefix(1);  // "--name=value" too
     const size_t eq = line.find('=');
     const absl::string_view name = line.substr(0, eq);
-    const absl::string_view value = eq == absl::string_view::npos ? absl::string_view() : line.substr(eq + 1);
+    const absl::string_view value =
+        eq == absl::string_view::npos ? absl::string_view() : line.substr(eq + 1);
     (void)gradlane::daemon::ParseHostPort(value);
-    (void)gradlane::transport::datagram::ParseIpv4Endpoint(std::string_view(value.data(), value.size()));
+    (void)gradlane::transport::datagram::ParseIpv4Endpoint(
+        std::string_view(value.data(), value.size()));
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr) continue;
     std::string error;

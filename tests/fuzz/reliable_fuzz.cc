@@ -29,7 +29,7 @@
 
 namespace {
 
-using namespace gradlane::transport;        // NOLINT
+using namespace gradlane::transport;            // NOLINT
 using namespace gradlane::transport::datagram;  // NOLINT
 
 constexpr Ipv4Endpoint kUs{0x0a000001, 7610};
@@ -53,7 +53,9 @@ class FuzzLink final : public DatagramLink {
     return !full;
   }
   void Flush_st() override {}
-  int Poll_st(DatagramSink*, gradlane::sched::TimeNs, gradlane::sched::TimeNs) override { return 0; }
+  int Poll_st(DatagramSink*, gradlane::sched::TimeNs, gradlane::sched::TimeNs) override {
+    return 0;
+  }
   uint32_t our_conn = 0;
   bool full = false;
 };
@@ -75,7 +77,7 @@ class FuzzHandler final : public TransportHandler {
   void OnRecvPiece_st(const PeerInfo&, const FrameHeader& h, const RecvTarget&,
                       uint64_t segment_offset, std::span<const uint8_t> bytes) override {
     if (segment_offset > h.length || bytes.size() > h.length - segment_offset) std::abort();
-    if (segment_offset == 0) piece_next = 0;  // a new segment (an earlier one may have died)
+    if (segment_offset == 0) piece_next = 0;         // a new segment (an earlier one may have died)
     if (segment_offset != piece_next) std::abort();  // pieces are contiguous, in order
     piece_next = segment_offset + bytes.size();
     for (uint8_t b : bytes) checksum ^= b;  // ASan: the span must be readable
@@ -164,7 +166,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else if (mode & 2) {
     auto p = tr.Connect_st(job, "10.0.0.2:7610", now);
     if (!p.ok()) std::abort();
-    handler.peer = *p;  // sends queue until it is up
+    handler.peer = *p;             // sends queue until it is up
     (void)tr.Progress_st(now, 0);  // sends the hello: the peer learns our connection id
   }
   uint64_t cookie = 0;
@@ -183,7 +185,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           std::memcpy(&h, d.data(), sizeof(h));
           h.magic = kDgramMagic;
           h.version = kDgramVersion;
-          h.type = static_cast<uint8_t>(1 + (h.type + kMaxDgramType - 1) % kMaxDgramType);  // 1..6 kept
+          h.type =
+              static_cast<uint8_t>(1 + (h.type + kMaxDgramType - 1) % kMaxDgramType);  // 1..6 kept
           h.flags &= kKnownPktFlags;
           h.dst_conn = link.our_conn;
           h.src_conn = kPeerConn;
@@ -234,7 +237,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                  (unsigned long long)st.total.frames_received, (unsigned long long)rs.stray);
     for (size_t i = 0; i < kWireErrorCount; ++i) {
       if (st.errors[i] != 0) {
-        std::fprintf(stderr, " %s=%llu", std::string(WireErrorName(static_cast<WireError>(i))).c_str(),
+        std::fprintf(stderr, " %s=%llu",
+                     std::string(WireErrorName(static_cast<WireError>(i))).c_str(),
                      (unsigned long long)st.errors[i]);
       }
     }

@@ -53,7 +53,8 @@ class CompleteAtOnce final : public PostSink {
   void OnPost_st(Session& s, const PostDescriptor& post) override {
     // Validate_st's promise: a post the engine gets lies inside its tensor.
     const auto& t = s.tensors_st().at(post.tensor_id);
-    if (post.length == 0 || post.offset > t.bytes || post.length > t.bytes - post.offset) std::abort();
+    if (post.length == 0 || post.offset > t.bytes || post.length > t.bytes - post.offset)
+      std::abort();
     if (t.offset + t.bytes > s.arena_bytes()) std::abort();
     (void)s.Complete_st(post, GL_OK);
   }
@@ -72,11 +73,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint8_t mode = 0;
   if (!in.Take(&mode, 1)) return 0;
   int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0) std::abort();
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0)
+    std::abort();
   gradlane::shm::UniqueFd client(sv[1]);
   gradlane::shm::UniqueFd daemon_end(sv[0]);
-  auto created = Session::Create(1, std::move(daemon_end), gradlane::shm::PeerCredentials{1, 1000, 1000},
-                                 kSlots, kArenaBytes);
+  auto created = Session::Create(
+      1, std::move(daemon_end), gradlane::shm::PeerCredentials{1, 1000, 1000}, kSlots, kArenaBytes);
   if (!created.ok()) std::abort();
   Session& s = **created;
   const Session::Layout layout = Session::ComputeLayout(kSlots, kArenaBytes);
@@ -111,7 +113,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const gl_status st = s.Validate_st(e, &post);
         if (st == GL_OK) {
           const auto& t = s.tensors_st().at(post.tensor_id);
-          if (post.length == 0 || post.offset > t.bytes || post.length > t.bytes - post.offset) std::abort();
+          if (post.length == 0 || post.offset > t.bytes || post.length > t.bytes - post.offset)
+            std::abort();
         }
         break;
       }
@@ -133,11 +136,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (!in.Take(&field, 1) || !in.Take(&v, 8)) break;
         gl_ring_header* h = (field & 1) ? cq : sq;
         switch ((field >> 1) % 5) {
-          case 0: h->tail = v; break;
-          case 1: h->head = v; break;
-          case 2: h->magic = static_cast<uint32_t>(v); break;
-          case 3: h->slots = static_cast<uint32_t>(v); break;
-          case 4: sq_slots[v & (kSlots - 1)].seq = v >> 3; break;
+          case 0:
+            h->tail = v;
+            break;
+          case 1:
+            h->head = v;
+            break;
+          case 2:
+            h->magic = static_cast<uint32_t>(v);
+            break;
+          case 3:
+            h->slots = static_cast<uint32_t>(v);
+            break;
+          case 4:
+            sq_slots[v & (kSlots - 1)].seq = v >> 3;
+            break;
         }
         bool corrupt = false;
         (void)s.PollSubmissions_st(&sink, 16, &corrupt);

@@ -55,9 +55,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::memcpy(body, in.data(), h.payload_bytes);
         t::ErrorBody eb;
         std::memcpy(&eb, body, sizeof(eb));
-        const size_t reason = std::min<size_t>(eb.reason_bytes, h.payload_bytes - t::kErrorBodyBytes);
-        (void)t::WireErrorStatus(static_cast<t::WireError>(eb.code),
-                                 std::string(reinterpret_cast<const char*>(body) + t::kErrorBodyBytes, reason));
+        const size_t reason =
+            std::min<size_t>(eb.reason_bytes, h.payload_bytes - t::kErrorBodyBytes);
+        (void)t::WireErrorStatus(
+            static_cast<t::WireError>(eb.code),
+            std::string(reinterpret_cast<const char*>(body) + t::kErrorBodyBytes, reason));
         break;
       }
       case t::FrameType::kData:
@@ -68,7 +70,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case t::FrameType::kAck: {
         if (h.payload_bytes != 0) std::abort();
         const t::FrameHeader ack = t::MakeAckHeader(h, 1, (h.flags & t::kFlagAckRejected) != 0);
-        if (t::CheckHeader(ack, max_data) != t::WireError::kNone) std::abort();  // we echo only checked fields
+        if (t::CheckHeader(ack, max_data) != t::WireError::kNone)
+          std::abort();  // we echo only checked fields
         break;
       }
       case t::FrameType::kHelloOk:

@@ -35,10 +35,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdarg>
 #include <bit>
 #include <cinttypes>
 #include <cmath>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -111,7 +111,7 @@ uint16_t F32ToHalf(float f) {
     return static_cast<uint16_t>(sign | (static_cast<uint32_t>(he) << 10) | (r & 0x3ffu));
   }
   // Subnormal range: value / 2^-24 = sig * 2^(e - 23 + 24) = sig >> (-1 - e).
-  const int shift = -1 - e;  // e <= -15 -> shift >= 14
+  const int shift = -1 - e;     // e <= -15 -> shift >= 14
   if (shift > 25) return sign;  // < 2^-25 * ... : below half the smallest subnormal
   const uint64_t r = ShiftRoundEven(sig, static_cast<unsigned>(shift));
   // r may be 0x400: that is exactly the smallest normal, which the encoding gives for free.
@@ -139,20 +139,21 @@ bool SelfTestConversions(bool thorough) {
       {-0.0f, 0x8000, 0x8000},
       {1.0f, 0x3c00, 0x3f80},
       {65504.0f, 0x7bff, 0x4780},
-      {65520.0f, 0x7c00, 0x4780},        // ties to even rounds up to inf in f16
+      {65520.0f, 0x7c00, 0x4780},  // ties to even rounds up to inf in f16
       {65519.996f, 0x7bff, 0x4780},
-      {5.960464477539063e-08f, 0x0001, 0x3380},  // 2^-24, smallest f16 subnormal
+      {5.960464477539063e-08f, 0x0001, 0x3380},    // 2^-24, smallest f16 subnormal
       {2.98023223876953125e-08f, 0x0000, 0x3300},  // 2^-25: tie -> even (0)
       {4.4703483581542969e-08f, 0x0001, 0x3340},   // 1.5 * 2^-25 -> 1 subnormal
       {8.940696716308594e-08f, 0x0002, 0x33c0},    // 1.5 * 2^-24: tie -> even (2)
       {6.097555160522461e-05f, 0x03ff, 0x3880},    // largest f16 subnormal
       {1.0009765625f, 0x3c01, 0x3f80},
-      {1.00048828125f, 0x3c00, 0x3f80},            // tie -> even
-      {1.00146484375f, 0x3c02, 0x3f80},            // tie -> even (up)
+      {1.00048828125f, 0x3c00, 0x3f80},  // tie -> even
+      {1.00146484375f, 0x3c02, 0x3f80},  // tie -> even (up)
   };
   for (const Case& c : cases) {
     if (F32ToHalf(c.in) != c.half || F32ToBf16(c.in) != c.bf) {
-      std::fprintf(stderr, "self-test: conversion of %a: half %04x (want %04x) bf16 %04x (want %04x)\n",
+      std::fprintf(stderr,
+                   "self-test: conversion of %a: half %04x (want %04x) bf16 %04x (want %04x)\n",
                    static_cast<double>(c.in), F32ToHalf(c.in), c.half, F32ToBf16(c.in), c.bf);
       return false;
     }
@@ -217,7 +218,8 @@ inline uint32_t ElementBits(gl_dtype dt, uint64_t r, bool special) {
   switch (dt) {
     case GL_DTYPE_F32: {
       if (special) {
-        const uint32_t s[8] = {0x00000000u, 0x80000000u, 0x80000000u, 0x7f800000u,
+        const uint32_t s[8] = {0x00000000u, 0x80000000u,
+                               0x80000000u, 0x7f800000u,
                                0xff800000u, 0x7fa00001u | (static_cast<uint32_t>(r) & 0xffffu),
                                0x00000001u, 0x7f7fffffu};
         return s[pick];
@@ -228,8 +230,9 @@ inline uint32_t ElementBits(gl_dtype dt, uint64_t r, bool special) {
     }
     case GL_DTYPE_F16: {
       if (special) {
-        const uint32_t s[8] = {0x0000, 0x8000, 0x8000, 0x7c00, 0xfc00,
-                               0x7d00u | (static_cast<uint32_t>(r) & 0xffu), 0x0001, 0x7bff};
+        const uint32_t s[8] = {0x0000, 0x8000, 0x8000,
+                               0x7c00, 0xfc00, 0x7d00u | (static_cast<uint32_t>(r) & 0xffu),
+                               0x0001, 0x7bff};
         return s[pick];
       }
       if ((r & 0x3f) == 1) return (sign << 15) | (static_cast<uint32_t>(r >> 8) & 0x3ffu);
@@ -238,8 +241,9 @@ inline uint32_t ElementBits(gl_dtype dt, uint64_t r, bool special) {
     }
     case GL_DTYPE_BF16: {
       if (special) {
-        const uint32_t s[8] = {0x0000, 0x8000, 0x8000, 0x7f80, 0xff80,
-                               0x7f81u | (static_cast<uint32_t>(r) & 0x3fu), 0x0001, 0x7f7f};
+        const uint32_t s[8] = {0x0000, 0x8000, 0x8000,
+                               0x7f80, 0xff80, 0x7f81u | (static_cast<uint32_t>(r) & 0x3fu),
+                               0x0001, 0x7f7f};
         return s[pick];
       }
       const uint32_t exp = 127u + static_cast<uint32_t>(Below(r, 61)) - 30u;
@@ -251,9 +255,12 @@ inline uint32_t ElementBits(gl_dtype dt, uint64_t r, bool special) {
 
 inline float Widen(gl_dtype dt, uint32_t bits) {
   switch (dt) {
-    case GL_DTYPE_F32: return BitsToF32(bits);
-    case GL_DTYPE_F16: return HalfToF32(static_cast<uint16_t>(bits));
-    case GL_DTYPE_BF16: return Bf16ToF32(static_cast<uint16_t>(bits));
+    case GL_DTYPE_F32:
+      return BitsToF32(bits);
+    case GL_DTYPE_F16:
+      return HalfToF32(static_cast<uint16_t>(bits));
+    case GL_DTYPE_BF16:
+      return Bf16ToF32(static_cast<uint16_t>(bits));
   }
   return 0;
 }
@@ -263,9 +270,12 @@ inline uint32_t Narrow(gl_dtype dt, float f) {
     return dt == GL_DTYPE_F32 ? 0x7fc00000u : dt == GL_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
   }
   switch (dt) {
-    case GL_DTYPE_F32: return F32Bits(f);
-    case GL_DTYPE_F16: return F32ToHalf(f);
-    case GL_DTYPE_BF16: return F32ToBf16(f);
+    case GL_DTYPE_F32:
+      return F32Bits(f);
+    case GL_DTYPE_F16:
+      return F32ToHalf(f);
+    case GL_DTYPE_BF16:
+      return F32ToBf16(f);
   }
   return 0;
 }
@@ -384,10 +394,9 @@ int Checker::Fail(const char* fmt, ...) {
   std::vfprintf(stderr, fmt, ap);
   std::fprintf(stderr, "\n");
   va_end(ap);
-  std::printf("gradlane-check: FAIL job=%s rank=%u policy=%s iteration=%" PRId64
-              " posts=%" PRIu64 " completions=%" PRIu64 "\n",
-              o_.job.job.c_str(), o_.job.rank, o_.job.policy.c_str(), iter_, posts_,
-              completions_);
+  std::printf("gradlane-check: FAIL job=%s rank=%u policy=%s iteration=%" PRId64 " posts=%" PRIu64
+              " completions=%" PRIu64 "\n",
+              o_.job.job.c_str(), o_.job.rank, o_.job.policy.c_str(), iter_, posts_, completions_);
   std::fflush(stdout);
   return 1;
 }
@@ -453,16 +462,16 @@ uint64_t Checker::Fill(size_t ti, int64_t iter) {
   t.expected.resize(t.bytes);
   switch (t.dtype) {
     case GL_DTYPE_F32:
-      FillT<GL_DTYPE_F32>(t.buf, t.expected.data(), t.elems, base.data(), W, o_.job.rank,
-                          col_base, o_.mean);
+      FillT<GL_DTYPE_F32>(t.buf, t.expected.data(), t.elems, base.data(), W, o_.job.rank, col_base,
+                          o_.mean);
       break;
     case GL_DTYPE_F16:
-      FillT<GL_DTYPE_F16>(t.buf, t.expected.data(), t.elems, base.data(), W, o_.job.rank,
-                          col_base, o_.mean);
+      FillT<GL_DTYPE_F16>(t.buf, t.expected.data(), t.elems, base.data(), W, o_.job.rank, col_base,
+                          o_.mean);
       break;
     case GL_DTYPE_BF16:
-      FillT<GL_DTYPE_BF16>(t.buf, t.expected.data(), t.elems, base.data(), W, o_.job.rank,
-                           col_base, o_.mean);
+      FillT<GL_DTYPE_BF16>(t.buf, t.expected.data(), t.elems, base.data(), W, o_.job.rank, col_base,
+                           o_.mean);
       break;
   }
   return t.elems;
@@ -522,7 +531,8 @@ int Checker::Verify(const gl_completion& c, std::vector<PendingPost>& posts) {
   }
   PendingPost& p = posts[c.user_data];
   CheckTensor& t = tensors_[p.tensor];
-  if (p.done) return Fail("second completion for post %" PRIu64 " of %s", c.user_data, t.name.c_str());
+  if (p.done)
+    return Fail("second completion for post %" PRIu64 " of %s", c.user_data, t.name.c_str());
   p.done = true;
   if (c.status != GL_OK) {
     char buf[256];
@@ -578,8 +588,9 @@ void Checker::ReportProgress(bool force) {
   if (!force && now - progress_written_ns_ < 200'000'000) return;
   progress_written_ns_ = now;
   std::rewind(progress_);
-  std::fprintf(progress_, "iteration %" PRId64 " completions %" PRIu64 " bytes-checked %20" PRIu64 "\n",
-               iter_, completions_, checked_bytes_);
+  std::fprintf(progress_,
+               "iteration %" PRId64 " completions %" PRIu64 " bytes-checked %20" PRIu64 "\n", iter_,
+               completions_, checked_bytes_);
   std::fflush(progress_);
 }
 
@@ -685,7 +696,8 @@ int Checker::Run() {
       if (n > 0) ReportProgress(false);
     }
     if (stall && rc == 0 && !observed_failure_) {
-      std::printf("gradlane-check: rank %u stalled at iteration %" PRId64 " (%zu of %zu ranges posted)\n",
+      std::printf("gradlane-check: rank %u stalled at iteration %" PRId64
+                  " (%zu of %zu ranges posted)\n",
                   o_.job.rank, iter_, to_post, posts.size());
       std::fflush(stdout);
       for (int i = 0; i < 600; ++i) ::sleep(1);  // bounded: the test kills us long before
@@ -717,9 +729,9 @@ int Checker::Run() {
               " tensors=%zu bytes/iteration=%" PRIu64 " posts=%" PRIu64 " completions=%" PRIu64
               " bytes-checked=%" PRIu64 " time=%.2fs (generating data %.2fs)\n",
               o_.job.job.c_str(), o_.job.rank, o_.job.world,
-              o_.job.policy.empty() ? "(default)" : o_.job.policy.c_str(),
-              o_.mean ? "mean" : "sum", o_.iterations, tensors_.size(), bytes_per_iter, posts_,
-              completions_, checked_bytes_, secs, static_cast<double>(fill_ns_) / 1e9);
+              o_.job.policy.empty() ? "(default)" : o_.job.policy.c_str(), o_.mean ? "mean" : "sum",
+              o_.iterations, tensors_.size(), bytes_per_iter, posts_, completions_, checked_bytes_,
+              secs, static_cast<double>(fill_ns_) / 1e9);
   return 0;
 }
 
@@ -728,8 +740,8 @@ int Checker::Run() {
 int main(int argc, char** argv) {
   Flags f;
   std::vector<std::string> known = gradlane::testing::JobFlagNames();
-  known.insert(known.end(), {"iterations", "seed", "sizes", "dtypes", "big_mb", "reduce", "stall_at",
-                             "linger_ms", "progress_file"});
+  known.insert(known.end(), {"iterations", "seed", "sizes", "dtypes", "big_mb", "reduce",
+                             "stall_at", "linger_ms", "progress_file"});
   if (!f.Parse(argc, argv, known, {"expect_failure", "quiet", "self_test"})) {
     Usage();
     return 2;
@@ -760,9 +772,12 @@ int main(int argc, char** argv) {
   }
   o.mean = reduce == "mean";
   for (const std::string& d : Flags::Split(f.Str("dtypes", "f32,f16,bf16"), ',')) {
-    if (d == "f32") o.dtypes.push_back(GL_DTYPE_F32);
-    else if (d == "f16") o.dtypes.push_back(GL_DTYPE_F16);
-    else if (d == "bf16") o.dtypes.push_back(GL_DTYPE_BF16);
+    if (d == "f32")
+      o.dtypes.push_back(GL_DTYPE_F32);
+    else if (d == "f16")
+      o.dtypes.push_back(GL_DTYPE_F16);
+    else if (d == "bf16")
+      o.dtypes.push_back(GL_DTYPE_BF16);
     else {
       std::fprintf(stderr, "error: unknown dtype '%s' (f32, f16, bf16)\n", d.c_str());
       ok = false;

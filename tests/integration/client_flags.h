@@ -73,8 +73,7 @@ class Flags {
     if (it == values_.end()) return def;
     std::optional<int64_t> v = ParseInt(it->second);
     if (!v) {
-      std::fprintf(stderr, "error: --%s=%s is not an integer\n", name.c_str(),
-                   it->second.c_str());
+      std::fprintf(stderr, "error: --%s=%s is not an integer\n", name.c_str(), it->second.c_str());
       *ok = false;
       return def;
     }
@@ -112,9 +111,8 @@ class Flags {
 
 // The job flags both tools take.
 inline const std::vector<std::string>& JobFlagNames() {
-  static const std::vector<std::string> k = {"socket", "job",   "rank",       "world",
-                                             "peers",  "policy", "token",     "timeout_ms",
-                                             "arena_mb"};
+  static const std::vector<std::string> k = {"socket", "job",   "rank",       "world",   "peers",
+                                             "policy", "token", "timeout_ms", "arena_mb"};
   return k;
 }
 

@@ -136,7 +136,8 @@ class ConnectionTable {
   // connection's values, so read only what is valid for any use of the slot (atomics).
   const Conn* LookupAnyThread(PeerHandle h) const {
     const uint32_t idx = HandleIndex(h);
-    if (idx >= capacity_ || generation_[idx].load(std::memory_order_relaxed) != HandleGeneration(h)) {
+    if (idx >= capacity_ ||
+        generation_[idx].load(std::memory_order_relaxed) != HandleGeneration(h)) {
       return nullptr;
     }
     return &conns_[idx];

@@ -28,12 +28,13 @@ HandshakeCheck CheckHello(const JobTable& jobs, const FrameHeader& h, const Hell
   }
   const int j = jobs.Find(h.job_id);
   if (j < 0) {
-    return {WireError::kUnknownJob,
-            absl::NotFoundError(absl::StrCat("job ", h.job_id, " is not registered on this daemon"))};
+    return {WireError::kUnknownJob, absl::NotFoundError(absl::StrCat(
+                                        "job ", h.job_id, " is not registered on this daemon"))};
   }
   const JobCredentials& job = jobs[j].creds;
   const std::span<const uint8_t> given(b.token, b.token_bytes);
-  const std::span<const uint8_t> want(reinterpret_cast<const uint8_t*>(job.token.data()), job.token.size());
+  const std::span<const uint8_t> want(reinterpret_cast<const uint8_t*>(job.token.data()),
+                                      job.token.size());
   if (!TokensEqual(given, want)) {
     return {WireError::kAuthFailed,
             absl::PermissionDeniedError(absl::StrCat("auth token mismatch for job ", h.job_id))};
@@ -41,9 +42,9 @@ HandshakeCheck CheckHello(const JobTable& jobs, const FrameHeader& h, const Hell
   if (b.world_size != job.world_size || b.rank >= job.world_size || b.rank == job.local_rank ||
       h.sender_rank != b.rank) {
     return {WireError::kBadRank,
-            absl::InvalidArgumentError(absl::StrCat("rank ", b.rank, " of world ", b.world_size,
-                                                    " does not fit job ", h.job_id, " (world ",
-                                                    job.world_size, ", we are rank ", job.local_rank, ")"))};
+            absl::InvalidArgumentError(absl::StrCat(
+                "rank ", b.rank, " of world ", b.world_size, " does not fit job ", h.job_id,
+                " (world ", job.world_size, ", we are rank ", job.local_rank, ")"))};
   }
   return {WireError::kNone, absl::OkStatus(), j};
 }
@@ -53,7 +54,8 @@ HandshakeCheck CheckHelloOk(const JobCredentials& job, const FrameHeader& h) {
     return {WireError::kUnknownJob, absl::InvalidArgumentError("peer accepted a different job")};
   }
   if (h.sender_rank >= job.world_size || h.sender_rank == job.local_rank) {
-    return {WireError::kBadRank, absl::InvalidArgumentError(absl::StrCat("peer claims rank ", h.sender_rank))};
+    return {WireError::kBadRank,
+            absl::InvalidArgumentError(absl::StrCat("peer claims rank ", h.sender_rank))};
   }
   return {};
 }
@@ -74,7 +76,8 @@ PeerError ParseErrorPayload(std::span<const uint8_t> payload) {
   if (payload.size() < kErrorBodyBytes) return {};
   ErrorBody eb;
   std::memcpy(&eb, payload.data(), sizeof(eb));
-  const size_t n = std::min<size_t>({eb.reason_bytes, payload.size() - kErrorBodyBytes, kMaxReasonBytes});
+  const size_t n =
+      std::min<size_t>({eb.reason_bytes, payload.size() - kErrorBodyBytes, kMaxReasonBytes});
   PeerError e;
   e.code = eb.code < kWireErrorCount ? static_cast<WireError>(eb.code) : WireError::kNone;
   e.reason = std::string_view(reinterpret_cast<const char*>(payload.data()) + kErrorBodyBytes, n);
@@ -85,10 +88,12 @@ absl::Status PeerClosedStatus(FrameType type, const PeerError& e, std::string_vi
   // std::string: this absl's StrCat takes absl::string_view, which is not std's here.
   const std::string who(peer), name(WireErrorName(e.code)), reason(e.reason);
   if (type == FrameType::kReject) {
-    return WireErrorStatus(e.code, absl::StrCat("peer ", who, " rejected the connection (", name, "): ", reason));
+    return WireErrorStatus(e.code, absl::StrCat("peer ", who, " rejected the connection (", name,
+                                                "): ", reason));
   }
   return WireErrorStatus(e.code == WireError::kNone ? WireError::kShutdown : e.code,
-                         absl::StrCat("peer ", who, " closed the connection (", name, "): ", reason));
+                         absl::StrCat("peer ", who, " closed the connection (", name,
+                                      "): ", reason));
 }
 
 }  // namespace gradlane::transport

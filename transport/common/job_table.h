@@ -2,10 +2,10 @@
 // local rank, world size, token) by id, at an index a connection keeps for its lifetime.
 //
 // Shared by every backend (TCP, the datagram protocol under DPDK, the test fake) so they check
-// credentials the same way and give the same errors. Entries are never moved: a removed job's entry is marked
-// inactive and reused by a later Add, so an index held by a connection of a removed job still
-// names valid memory (the backend closes those connections when it removes the job).
-// Thread rules: the engine thread that owns the backend (control path; allocates).
+// credentials the same way and give the same errors. Entries are never moved: a removed job's entry
+// is marked inactive and reused by a later Add, so an index held by a connection of a removed job
+// still names valid memory (the backend closes those connections when it removes the job). Thread
+// rules: the engine thread that owns the backend (control path; allocates).
 #ifndef GRADLANE_TRANSPORT_COMMON_JOB_TABLE_H_
 #define GRADLANE_TRANSPORT_COMMON_JOB_TABLE_H_
 

@@ -37,7 +37,8 @@ class RegionTable {
   absl::Status Unregister(RegionId region);
 
   // PostSend_st's argument checks (ResolveSendPayload): where the payload starts.
-  absl::StatusOr<const uint8_t*> ResolveSend(const SendSpec& spec, uint64_t max_segment_bytes) const {
+  absl::StatusOr<const uint8_t*> ResolveSend(const SendSpec& spec,
+                                             uint64_t max_segment_bytes) const {
     return ResolveSendPayload(regions_, spec, max_segment_bytes);
   }
 
@@ -48,7 +49,8 @@ class RegionTable {
       return std::nullopt;
     }
     const RegisteredRegion& r = regions_[target.region];
-    if (target.region_offset > r.bytes || length > r.bytes - target.region_offset) return std::nullopt;
+    if (target.region_offset > r.bytes || length > r.bytes - target.region_offset)
+      return std::nullopt;
     return r.base + target.region_offset;
   }
 

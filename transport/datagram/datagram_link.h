@@ -26,7 +26,8 @@ class DatagramSink {
  public:
   virtual ~DatagramSink() = default;
   // `bytes` is valid during the call only (it lies in the port's receive buffer).
-  virtual void OnDatagram_st(const Ipv4Endpoint& from, std::span<const uint8_t> bytes, TimeNs now) = 0;
+  virtual void OnDatagram_st(const Ipv4Endpoint& from, std::span<const uint8_t> bytes,
+                             TimeNs now) = 0;
 };
 
 // The unreliable link under the protocol: the DPDK port in production, a lossy pipe in tests.

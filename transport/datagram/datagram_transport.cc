@@ -71,8 +71,9 @@ struct DatagramTransport::Conn {
   PendingSend& Send(uint64_t m) { return sends[m & send_mask]; }
 };
 
-DatagramTransport::DatagramTransport(const TransportOptions& options, const DatagramOptions& protocol,
-                                     DatagramLink* link, TransportHandler* handler)
+DatagramTransport::DatagramTransport(const TransportOptions& options,
+                                     const DatagramOptions& protocol, DatagramLink* link,
+                                     TransportHandler* handler)
     : options_(options),
       proto_(protocol),
       link_(link),
@@ -86,8 +87,10 @@ DatagramTransport::~DatagramTransport() = default;
 absl::StatusOr<std::unique_ptr<DatagramTransport>> DatagramTransport::Create(
     const TransportOptions& options, const DatagramOptions& protocol, DatagramLink* link,
     TransportHandler* handler) {
-  if (link == nullptr || handler == nullptr) return absl::InvalidArgumentError("null link or handler");
-  auto t = std::unique_ptr<DatagramTransport>(new DatagramTransport(options, protocol, link, handler));
+  if (link == nullptr || handler == nullptr)
+    return absl::InvalidArgumentError("null link or handler");
+  auto t =
+      std::unique_ptr<DatagramTransport>(new DatagramTransport(options, protocol, link, handler));
   if (absl::Status s = t->conns_.Init(options.max_connections); !s.ok()) return s;
   if (options.max_pending_sends_per_peer == 0 || options.max_pending_sends_per_peer > (1u << 24)) {
     return absl::InvalidArgumentError("max_pending_sends_per_peer must be 1..2^24");
@@ -98,15 +101,16 @@ absl::StatusOr<std::unique_ptr<DatagramTransport>> DatagramTransport::Create(
   if (protocol.window_packets == 0 || protocol.window_packets > kMaxWindow) {
     return absl::InvalidArgumentError(absl::StrCat("window_packets must be 1..", kMaxWindow));
   }
-  if (protocol.min_rto <= 0 || protocol.initial_rto < protocol.min_rto || protocol.max_rto < protocol.initial_rto) {
+  if (protocol.min_rto <= 0 || protocol.initial_rto < protocol.min_rto ||
+      protocol.max_rto < protocol.initial_rto) {
     return absl::InvalidArgumentError("need 0 < min_rto <= initial_rto <= max_rto");
   }
   if (absl::Status s = FaultyLink::Validate(protocol.faults); !s.ok()) return s;
   uint32_t dg = link->max_datagram_bytes();
   if (protocol.max_datagram_bytes != 0) dg = std::min(dg, protocol.max_datagram_bytes);
   if (dg < kMinDatagramBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("datagrams of ", dg, " bytes are too small (need ",
-                                                   kMinDatagramBytes, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("datagrams of ", dg, " bytes are too small (need ", kMinDatagramBytes, ")"));
   }
   t->max_dgram_ = dg;
   t->window_ = protocol.window_packets;
@@ -145,8 +149,8 @@ absl::Status DatagramTransport::RemoveJob_st(uint64_t job_id) {
   return removed;
 }
 
-absl::StatusOr<PeerHandle> DatagramTransport::Connect_st(const JobCredentials& job, std::string_view address,
-                                                         TimeNs now) {
+absl::StatusOr<PeerHandle> DatagramTransport::Connect_st(const JobCredentials& job,
+                                                         std::string_view address, TimeNs now) {
   const absl::StatusOr<int> j = jobs_.FindToDial(job.job_id);
   if (!j.ok()) return j.status();
   auto ep = ParseIpv4Endpoint(address);
@@ -181,11 +185,14 @@ absl::StatusOr<RegionId> DatagramTransport::RegisterRegion_st(void* base, uint64
   return regions_.Register(base, bytes);
 }
 
-absl::Status DatagramTransport::UnregisterRegion_st(RegionId region) { return regions_.Unregister(region); }
+absl::Status DatagramTransport::UnregisterRegion_st(RegionId region) {
+  return regions_.Unregister(region);
+}
 
 absl::Status DatagramTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
   Conn* c = conns_.Lookup(peer);
-  if (c == nullptr || c->state == ConnState::kDead) return absl::NotFoundError("peer is not connected");
+  if (c == nullptr || c->state == ConnState::kDead)
+    return absl::NotFoundError("peer is not connected");
   auto payload = regions_.ResolveSend(spec, options_.max_segment_bytes);
   if (!payload.ok()) return payload.status();
   if (c->msg_post - c->msg_acked > c->send_mask) {
@@ -217,8 +224,10 @@ int DatagramTransport::Progress_st(TimeNs now, int wait_ms) {
   if (work == 0 && wait_ms > 0) {
     TimeNs wait = TimeNs{wait_ms} * sched::kMillisecond;
     conns_.ForEach([&](const Conn& c) {
-      if (c.state == ConnState::kHelloSent) wait = std::min(wait, std::max<TimeNs>(0, c.retry_at - now));
-      if (c.tx.timer_at() != kNever) wait = std::min(wait, std::max<TimeNs>(0, c.tx.timer_at() - now));
+      if (c.state == ConnState::kHelloSent)
+        wait = std::min(wait, std::max<TimeNs>(0, c.retry_at - now));
+      if (c.tx.timer_at() != kNever)
+        wait = std::min(wait, std::max<TimeNs>(0, c.tx.timer_at() - now));
       if (c.rx.AckPending()) wait = 0;
     });
     if (wait > 0) work += link_->Poll_st(this, now, wait);
@@ -257,7 +266,8 @@ void DatagramTransport::Service(Conn& c, TimeNs now) {
            absl::DeadlineExceededError(absl::StrFormat(
                "peer rank %d %s for %d ms%s", c.peer_rank, silent ? "silent" : "made no progress",
                options_.peer_timeout / sched::kMillisecond,
-               c.HasPending() ? absl::StrCat(" with ", c.msg_post - c.msg_acked, " sends pending") : "")));
+               c.HasPending() ? absl::StrCat(" with ", c.msg_post - c.msg_acked, " sends pending")
+                              : "")));
     return;
   }
   const TimeNs probe = std::max<TimeNs>(options_.peer_timeout / 4, sched::kMillisecond);
@@ -280,7 +290,8 @@ void DatagramTransport::SendHello(Conn& c) {
 bool DatagramTransport::Retransmit(Conn& c, TimeNs now) {
   const SendWindow::RetransmitResult r = c.tx.Retransmit(now, [&](uint64_t seq) {
     if (!SendDataPacket(c, seq)) return SendWindow::Resend::kLinkFull;
-    return c.state == ConnState::kEstablished ? SendWindow::Resend::kSent : SendWindow::Resend::kGone;
+    return c.state == ConnState::kEstablished ? SendWindow::Resend::kSent
+                                              : SendWindow::Resend::kGone;
   });
   counters_->retransmits.Add_st(r.resent);
   if (r.gone) return false;
@@ -347,8 +358,10 @@ bool DatagramTransport::SendDataPacket(Conn& c, uint64_t seq) {
   c.rx.FillAck(head.dh, credit_);
   if (first) head.fh = m.header;
   const size_t head_bytes = kDgramHeaderBytes + (first ? kFrameHeaderBytes : 0);
-  const bool ok = Transmit(c.addr, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&head), head_bytes),
-                           std::span<const uint8_t>(m.payload + p.offset, p.len));
+  const bool ok =
+      Transmit(c.addr,
+               std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&head), head_bytes),
+               std::span<const uint8_t>(m.payload + p.offset, p.len));
   if (!ok) {
     // Not sent: the ack we meant to piggyback is still owed.
     c.rx.Restore(owed);
@@ -369,7 +382,8 @@ void DatagramTransport::SendAck(Conn& c, bool probe) {
   if (probe) h.flags |= kPktAckNow;  // a keepalive: the peer answers at once
   const ReorderBuffer::Owed owed = c.rx.owed();
   c.rx.FillAck(h, credit_);
-  if (Transmit(c.addr, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&h), sizeof(h)), {})) {
+  if (Transmit(c.addr, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&h), sizeof(h)),
+               {})) {
     counters_->pure_acks_sent.Add_st(1);
   } else {
     c.rx.Restore(owed);
@@ -377,8 +391,9 @@ void DatagramTransport::SendAck(Conn& c, bool probe) {
   }
 }
 
-bool DatagramTransport::SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
-                                    const FrameHeader& fh, const void* body, size_t body_bytes) {
+bool DatagramTransport::SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c,
+                                    DgramType type, const FrameHeader& fh, const void* body,
+                                    size_t body_bytes) {
   std::array<uint8_t, kMaxControlBytes> buf;
   DgramHeader h;
   std::memset(&h, 0, sizeof(h));
@@ -393,13 +408,16 @@ bool DatagramTransport::SendControl(const Ipv4Endpoint& to, uint32_t dst_conn, C
   std::memcpy(buf.data(), &h, sizeof(h));
   std::memcpy(buf.data() + sizeof(h), &fh, sizeof(fh));
   if (body_bytes > 0) std::memcpy(buf.data() + sizeof(h) + sizeof(fh), body, body_bytes);
-  return Transmit(to, std::span<const uint8_t>(buf.data(), sizeof(h) + sizeof(fh) + body_bytes), {});
+  return Transmit(to, std::span<const uint8_t>(buf.data(), sizeof(h) + sizeof(fh) + body_bytes),
+                  {});
 }
 
-void DatagramTransport::SendError(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
-                                  uint64_t job_id, uint16_t rank, WireError code, std::string_view reason) {
-  const ErrorFrame f = MakeErrorFrame(type == DgramType::kReject ? FrameType::kReject : FrameType::kGoodbye, job_id,
-                                      rank, code, reason);
+void DatagramTransport::SendError(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c,
+                                  DgramType type, uint64_t job_id, uint16_t rank, WireError code,
+                                  std::string_view reason) {
+  const ErrorFrame f =
+      MakeErrorFrame(type == DgramType::kReject ? FrameType::kReject : FrameType::kGoodbye, job_id,
+                     rank, code, reason);
   SendControl(to, dst_conn, c, type, f.header, &f.payload, f.header.payload_bytes);
   // Nothing retransmits a close (its connection is gone here), so it goes twice: one lost
   // datagram should not leave the peer to find out by timeout.
@@ -413,8 +431,10 @@ bool DatagramTransport::MayAnswerStranger(TimeNs now) {
   // floods the port with hellos or stray datagrams (from any source address, spoofed or not)
   // gets at most that many answers, so the daemon neither burns its loop on them nor reflects
   // a flood at someone else. Real peers see a reject or close at once, or retry.
-  const double refill = static_cast<double>(now - stranger_tokens_at_) * kStrangerRepliesPerSecond / sched::kSecond;
-  stranger_tokens_ = std::min<double>(kStrangerReplyBurst, stranger_tokens_ + std::max(0.0, refill));
+  const double refill =
+      static_cast<double>(now - stranger_tokens_at_) * kStrangerRepliesPerSecond / sched::kSecond;
+  stranger_tokens_ =
+      std::min<double>(kStrangerReplyBurst, stranger_tokens_ + std::max(0.0, refill));
   stranger_tokens_at_ = now;
   if (stranger_tokens_ < 1) {
     counters_->replies_suppressed.Add_st(1);
@@ -438,7 +458,8 @@ bool DatagramTransport::Transmit(const Ipv4Endpoint& to, std::span<const uint8_t
 
 // ---- receive ----------------------------------------------------------------------------------
 
-void DatagramTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const uint8_t> bytes, TimeNs now) {
+void DatagramTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const uint8_t> bytes,
+                                      TimeNs now) {
   counters_->datagrams_received.Add_st(1);
   DgramHeader dh;
   if (bytes.size() < sizeof(dh)) {
@@ -451,7 +472,8 @@ void DatagramTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const 
   if (dh.version != kDgramVersion) return report_.CountError(WireError::kBadVersion);
   if (dh.type < 1 || dh.type > kMaxDgramType) return report_.CountError(WireError::kBadType);
   if ((dh.flags & ~kKnownPktFlags) != 0) return report_.CountError(WireError::kUnknownFlags);
-  if (dh.payload_bytes != bytes.size() - sizeof(dh) || dh.reserved != 0) return report_.CountError(WireError::kBadLength);
+  if (dh.payload_bytes != bytes.size() - sizeof(dh) || dh.reserved != 0)
+    return report_.CountError(WireError::kBadLength);
   const std::span<const uint8_t> body = bytes.subspan(sizeof(dh));
   const DgramType type = static_cast<DgramType>(dh.type);
   if (type == DgramType::kHello) {
@@ -503,24 +525,28 @@ void DatagramTransport::OnDatagram_st(const Ipv4Endpoint& from, std::span<const 
   if (type == DgramType::kData) OnData(*c, dh, body, now);
 }
 
-void DatagramTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh, std::span<const uint8_t> body,
-                                TimeNs now) {
+void DatagramTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh,
+                                std::span<const uint8_t> body, TimeNs now) {
   if (!listening_) return;  // like a closed port: the dialer retries until its deadline
   FrameHeader fh;
   HelloBody b;
-  if (body.size() != sizeof(fh) + sizeof(b) || dh.src_conn == 0) return report_.CountError(WireError::kBadLength);
+  if (body.size() != sizeof(fh) + sizeof(b) || dh.src_conn == 0)
+    return report_.CountError(WireError::kBadLength);
   std::memcpy(&fh, body.data(), sizeof(fh));
   std::memcpy(&b, body.data() + sizeof(fh), sizeof(b));
   auto reject = [&](WireError code, const std::string& why) {
     report_.CountError(code);
-    if (MayAnswerStranger(now)) SendError(from, dh.src_conn, nullptr, DgramType::kReject, fh.job_id, 0, code, why);
+    if (MayAnswerStranger(now))
+      SendError(from, dh.src_conn, nullptr, DgramType::kReject, fh.job_id, 0, code, why);
   };
   if (WireError e = CheckHeader(fh, options_.max_segment_bytes); e != WireError::kNone) {
     return reject(e, std::string(ValidateHeader(fh, options_.max_segment_bytes).message()));
   }
-  if (TypeOf(fh) != FrameType::kHello) return reject(WireError::kUnexpectedFrame, "hello datagram without a hello");
+  if (TypeOf(fh) != FrameType::kHello)
+    return reject(WireError::kUnexpectedFrame, "hello datagram without a hello");
   // Well formed before anything is answered, a repeated hello included (CheckHello checks it too).
-  if (WireError e = CheckHelloBody(b); e != WireError::kNone) return reject(e, "malformed hello body");
+  if (WireError e = CheckHelloBody(b); e != WireError::kNone)
+    return reject(e, "malformed hello body");
   // A repeated hello (our hello-ok was lost): answer again, same connection.
   Conn* again = nullptr;
   conns_.ForEach([&](Conn& c) {
@@ -557,21 +583,24 @@ void DatagramTransport::OnHello(const Ipv4Endpoint& from, const DgramHeader& dh,
   c->last_heard = c->last_progress = now;
   ++inbound_up_;
   UpdateCredit();
-  SendControl(from, dh.src_conn, c, DgramType::kHelloOk, MakeHeader(FrameType::kHelloOk, job.job_id, job.local_rank),
-              nullptr, 0);
+  SendControl(from, dh.src_conn, c, DgramType::kHelloOk,
+              MakeHeader(FrameType::kHelloOk, job.job_id, job.local_rank), nullptr, 0);
   report_.PeerUp(InfoOf(*c));
 }
 
-void DatagramTransport::OnHelloOk(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now) {
+void DatagramTransport::OnHelloOk(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body,
+                                  TimeNs now) {
   FrameHeader fh;
   if (body.size() != sizeof(fh)) return report_.CountError(WireError::kBadLength);
   std::memcpy(&fh, body.data(), sizeof(fh));
   const JobCredentials& job = jobs_[c.job_index].creds;
   c.remote_conn = dh.src_conn;
-  if (CheckHeader(fh, options_.max_segment_bytes) != WireError::kNone || TypeOf(fh) != FrameType::kHelloOk) {
+  if (CheckHeader(fh, options_.max_segment_bytes) != WireError::kNone ||
+      TypeOf(fh) != FrameType::kHelloOk) {
     return Refuse(c, WireError::kUnexpectedFrame, absl::InvalidArgumentError("malformed hello-ok"));
   }
-  if (const HandshakeCheck ok = CheckHelloOk(job, fh); !ok.ok()) return Refuse(c, ok.code, ok.status);
+  if (const HandshakeCheck ok = CheckHelloOk(job, fh); !ok.ok())
+    return Refuse(c, ok.code, ok.status);
   c.peer_rank = fh.sender_rank;
   c.tx.SetInitialCredit(dh.credit);
   c.state = ConnState::kEstablished;
@@ -579,10 +608,12 @@ void DatagramTransport::OnHelloOk(Conn& c, const DgramHeader& dh, std::span<cons
   report_.PeerUp(InfoOf(c));
 }
 
-void DatagramTransport::OnCloseOrReject(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body) {
+void DatagramTransport::OnCloseOrReject(Conn& c, const DgramHeader& dh,
+                                        std::span<const uint8_t> body) {
   // The FrameHeader, then the ErrorBody and its reason (none, or cut short: code kNone).
   const PeerError error =
-      ParseErrorPayload(body.size() >= kFrameHeaderBytes ? body.subspan(kFrameHeaderBytes) : std::span<const uint8_t>());
+      ParseErrorPayload(body.size() >= kFrameHeaderBytes ? body.subspan(kFrameHeaderBytes)
+                                                         : std::span<const uint8_t>());
   const std::string peer = c.inbound ? absl::StrCat("rank ", c.peer_rank) : c.addr_text;
   const bool reject = static_cast<DgramType>(dh.type) == DgramType::kReject;
   if (!reject && c.state == ConnState::kEstablished) counters_->peer_resets.Add_st(1);
@@ -591,9 +622,10 @@ void DatagramTransport::OnCloseOrReject(Conn& c, const DgramHeader& dh, std::spa
 
 bool DatagramTransport::OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now) {
   if (dh.ack > c.tx.next() || dh.msg_ack > c.msgs_sent || dh.credit > kMaxWindow) {
-    Refuse(c, WireError::kBadField, absl::InvalidArgumentError(absl::StrFormat(
-                                        "ack %d / message ack %d beyond what was sent (%d / %d)", dh.ack,
-                                        dh.msg_ack, c.tx.next(), c.msgs_sent)));
+    Refuse(c, WireError::kBadField,
+           absl::InvalidArgumentError(
+               absl::StrFormat("ack %d / message ack %d beyond what was sent (%d / %d)", dh.ack,
+                               dh.msg_ack, c.tx.next(), c.msgs_sent)));
     return false;
   }
   const SendWindow::AckResult ack = c.tx.OnAck(dh.ack, dh.sack, dh.credit, now);
@@ -602,13 +634,15 @@ bool DatagramTransport::OnAckFields(Conn& c, const DgramHeader& dh, TimeNs now) 
   while (c.msg_acked < dh.msg_ack) {
     const uint64_t m = c.msg_acked++;
     c.last_progress = now;
-    report_.SendAcked(conns_.HandleOf(c), c.peer_rank, c.counters, c.Send(m), BitTest(dh.rejected, m), now);
+    report_.SendAcked(conns_.HandleOf(c), c.peer_rank, c.counters, c.Send(m),
+                      BitTest(dh.rejected, m), now);
     if (c.state != ConnState::kEstablished) return false;
   }
   return true;
 }
 
-bool DatagramTransport::OnData(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now) {
+bool DatagramTransport::OnData(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body,
+                               TimeNs now) {
   ReorderBuffer::Packet p{dh.flags, dh.msg, dh.msg_offset, body};
   switch (c.rx.OnPacket(dh.seq, p, now)) {
     case ReorderBuffer::Verdict::kDuplicate:
@@ -634,12 +668,16 @@ bool DatagramTransport::OnData(Conn& c, const DgramHeader& dh, std::span<const u
 bool DatagramTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t msg_offset,
                                 std::span<const uint8_t> bytes, TimeNs now) {
   auto violation = [&](WireError code, std::string_view what) {
-    Refuse(c, code, absl::InvalidArgumentError(absl::StrCat("peer rank ", c.peer_rank, ": ", std::string(what))));
+    Refuse(c, code,
+           absl::InvalidArgumentError(
+               absl::StrCat("peer rank ", c.peer_rank, ": ", std::string(what))));
     return false;
   };
   if ((flags & kPktFirst) != 0) {
-    if (c.rx_in_msg || msg != c.rx.next_message()) return violation(WireError::kUnexpectedFrame, "segment out of order");
-    if (bytes.size() < kFrameHeaderBytes) return violation(WireError::kBadLength, "first packet without a header");
+    if (c.rx_in_msg || msg != c.rx.next_message())
+      return violation(WireError::kUnexpectedFrame, "segment out of order");
+    if (bytes.size() < kFrameHeaderBytes)
+      return violation(WireError::kBadLength, "first packet without a header");
     FrameHeader& h = c.rx_header;
     std::memcpy(&h, bytes.data(), sizeof(h));
     bytes = bytes.subspan(kFrameHeaderBytes);
@@ -647,8 +685,10 @@ bool DatagramTransport::Deliver(Conn& c, uint16_t flags, uint64_t msg, uint32_t 
       Refuse(c, e, ValidateHeader(h, options_.max_segment_bytes));
       return false;
     }
-    if (TypeOf(h) != FrameType::kData) return violation(WireError::kUnexpectedFrame, "non-data frame in the data stream");
-    if (h.job_id != jobs_[c.job_index].creds.job_id) return violation(WireError::kUnknownJob, "frame for another job");
+    if (TypeOf(h) != FrameType::kData)
+      return violation(WireError::kUnexpectedFrame, "non-data frame in the data stream");
+    if (h.job_id != jobs_[c.job_index].creds.job_id)
+      return violation(WireError::kUnknownJob, "frame for another job");
     c.rx_in_msg = true;
     c.rx_got = 0;
     c.rx_target = handler_->ResolveRecv_st(InfoOf(c), h);
@@ -695,7 +735,8 @@ void DatagramTransport::Refuse(Conn& c, WireError code, const absl::Status& why)
   if (c.state == ConnState::kEstablished || c.state == ConnState::kHelloSent) {
     const JobTable::Entry& job = jobs_[c.job_index];
     if (c.remote_conn != 0) {
-      SendError(c.addr, c.remote_conn, &c, DgramType::kClose, job.creds.job_id, job.creds.local_rank, code,
+      SendError(c.addr, c.remote_conn, &c, DgramType::kClose, job.creds.job_id,
+                job.creds.local_rank, code,
                 std::string_view(why.message().data(), why.message().size()));
     }
   }
@@ -710,8 +751,8 @@ void DatagramTransport::UpdateCredit() {
   }
   // Granted credit cannot be taken back (a sender's limit only grows), so a newcomer squeezes
   // the others only as their acks move on: the budget is met from then on, not at once.
-  credit_ = std::clamp<uint32_t>(budget / std::max<uint32_t>(1, inbound_up_), std::min<uint32_t>(8, window_),
-                                 window_);
+  credit_ = std::clamp<uint32_t>(budget / std::max<uint32_t>(1, inbound_up_),
+                                 std::min<uint32_t>(8, window_), window_);
 }
 
 void DatagramTransport::Teardown(Conn& c, const absl::Status& why) {
@@ -727,9 +768,12 @@ void DatagramTransport::Teardown(Conn& c, const absl::Status& why) {
 
 void DatagramTransport::FailPendingAndReportDown(Conn& c, const absl::Status& why) {
   // Pending in post order: messages [msg_acked, msg_post).
-  report_.FailPendingAndReportDown(InfoOf(c), c.known, c.counters, [&c]() -> const PendingSend* {
-    return c.msg_acked != c.msg_post ? &c.Send(c.msg_acked++) : nullptr;
-  }, why);
+  report_.FailPendingAndReportDown(
+      InfoOf(c), c.known, c.counters,
+      [&c]() -> const PendingSend* {
+        return c.msg_acked != c.msg_post ? &c.Send(c.msg_acked++) : nullptr;
+      },
+      why);
 }
 
 DatagramTransport::Conn* DatagramTransport::AllocConn() {
@@ -756,7 +800,8 @@ DatagramTransport::Conn* DatagramTransport::AllocConn() {
   c.last_heard = c.last_progress = c.last_ping = 0;
   c.msg_post = c.msg_acked = c.msg_tx = c.msgs_sent = c.tx_off = 0;
   c.tx_started = false;
-  c.tx.Reset(SendWindow::Timing{proto_.initial_rto, proto_.min_rto, proto_.max_rto, proto_.rto_burst});
+  c.tx.Reset(
+      SendWindow::Timing{proto_.initial_rto, proto_.min_rto, proto_.max_rto, proto_.rto_burst});
   c.rx.Reset();
   c.rx_in_msg = false;
   c.rx_dst = nullptr;

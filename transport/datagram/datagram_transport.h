@@ -96,16 +96,16 @@ struct DatagramStats {
   uint64_t datagrams_sent = 0;
   uint64_t datagrams_received = 0;
   uint64_t data_packets_sent = 0;
-  uint64_t retransmits = 0;        // data packets sent again (timeout or fast)
-  uint64_t timeouts = 0;           // retransmission timer expiries
-  uint64_t duplicates = 0;         // data packets received twice
-  uint64_t out_of_order = 0;       // data packets held for reordering
-  uint64_t beyond_credit = 0;      // data packets dropped for lying past the credit we offered
+  uint64_t retransmits = 0;    // data packets sent again (timeout or fast)
+  uint64_t timeouts = 0;       // retransmission timer expiries
+  uint64_t duplicates = 0;     // data packets received twice
+  uint64_t out_of_order = 0;   // data packets held for reordering
+  uint64_t beyond_credit = 0;  // data packets dropped for lying past the credit we offered
   uint64_t pure_acks_sent = 0;
-  uint64_t stray = 0;              // datagrams for no known connection
+  uint64_t stray = 0;               // datagrams for no known connection
   uint64_t replies_suppressed = 0;  // closes/rejects to strangers not sent (over the rate limit)
   uint64_t injected_drops = 0, injected_reorders = 0, injected_duplicates = 0;
-  uint64_t link_full = 0;          // sends the link had no room for (retried later)
+  uint64_t link_full = 0;  // sends the link had no room for (retried later)
 };
 
 class DatagramTransport final : public Transport, public DatagramSink {
@@ -129,7 +129,8 @@ class DatagramTransport final : public Transport, public DatagramSink {
   // synchronously) and stops accepting its hellos.
   absl::Status RemoveJob_st(uint64_t job_id) override;
   // Dials "a.b.c.d:port"; hellos are repeated with back-off until connect_deadline.
-  absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job, std::string_view address, TimeNs now) override;
+  absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job, std::string_view address,
+                                        TimeNs now) override;
   void Disconnect_st(PeerHandle peer, TimeNs now) override;
   absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes) override;
   absl::Status UnregisterRegion_st(RegionId region) override;
@@ -155,7 +156,8 @@ class DatagramTransport final : public Transport, public DatagramSink {
   PeerInfo InfoOf(const Conn& c) const;
   Conn* AllocConn();
 
-  void OnHello(const Ipv4Endpoint& from, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now);
+  void OnHello(const Ipv4Endpoint& from, const DgramHeader& dh, std::span<const uint8_t> body,
+               TimeNs now);
   void OnHelloOk(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body, TimeNs now);
   void OnCloseOrReject(Conn& c, const DgramHeader& dh, std::span<const uint8_t> body);
   // Returns false when the connection went away (a callback closed it, or it was refused).
@@ -175,7 +177,8 @@ class DatagramTransport final : public Transport, public DatagramSink {
                    const FrameHeader& fh, const void* body, size_t body_bytes);
   void SendError(const Ipv4Endpoint& to, uint32_t dst_conn, Conn* c, DgramType type,
                  uint64_t job_id, uint16_t rank, WireError code, std::string_view reason);
-  bool Transmit(const Ipv4Endpoint& to, std::span<const uint8_t> head, std::span<const uint8_t> body);
+  bool Transmit(const Ipv4Endpoint& to, std::span<const uint8_t> head,
+                std::span<const uint8_t> body);
 
   // Protocol violation or timeout: count, tell the peer why (best effort), tear down.
   void Refuse(Conn& c, WireError code, const absl::Status& why);

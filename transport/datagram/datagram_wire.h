@@ -56,22 +56,22 @@ inline constexpr uint16_t kKnownPktFlags = kPktFirst | kPktLast | kPktAckNow;
 inline constexpr uint32_t kMaxWindow = 256;
 
 struct DgramHeader {
-  uint32_t magic;           // 0   kDgramMagic
-  uint8_t version;          // 4   kDgramVersion
-  uint8_t type;             // 5   DgramType
-  uint16_t flags;           // 6   kPkt*
-  uint32_t dst_conn;        // 8   receiver's connection id (0: none yet, kHello)
-  uint32_t src_conn;        // 12  sender's connection id
-  uint64_t seq;             // 16  kData: packet sequence number (from 0 per connection)
-  uint64_t ack;             // 24  every packet below this was received and consumed
-  uint64_t msg_ack;         // 32  every message below this was placed or rejected
-  uint64_t sack[4];         // 40  bit (s % 256): packet s, ack < s < ack + 256, is held
-  uint64_t rejected[4];     // 72  bit (m % 256): message m, msg_ack - 256 <= m < msg_ack, rejected
-  uint32_t credit;          // 104 the sender of this header accepts packets below ack + credit
-  uint32_t msg_offset;      // 108 kData: offset of this packet's segment bytes in the segment
-  uint64_t msg;             // 112 kData: message number (from 0 per connection)
-  uint32_t payload_bytes;   // 120 bytes after this header
-  uint32_t reserved;        // 124 zero
+  uint32_t magic;          // 0   kDgramMagic
+  uint8_t version;         // 4   kDgramVersion
+  uint8_t type;            // 5   DgramType
+  uint16_t flags;          // 6   kPkt*
+  uint32_t dst_conn;       // 8   receiver's connection id (0: none yet, kHello)
+  uint32_t src_conn;       // 12  sender's connection id
+  uint64_t seq;            // 16  kData: packet sequence number (from 0 per connection)
+  uint64_t ack;            // 24  every packet below this was received and consumed
+  uint64_t msg_ack;        // 32  every message below this was placed or rejected
+  uint64_t sack[4];        // 40  bit (s % 256): packet s, ack < s < ack + 256, is held
+  uint64_t rejected[4];    // 72  bit (m % 256): message m, msg_ack - 256 <= m < msg_ack, rejected
+  uint32_t credit;         // 104 the sender of this header accepts packets below ack + credit
+  uint32_t msg_offset;     // 108 kData: offset of this packet's segment bytes in the segment
+  uint64_t msg;            // 112 kData: message number (from 0 per connection)
+  uint32_t payload_bytes;  // 120 bytes after this header
+  uint32_t reserved;       // 124 zero
 };
 inline constexpr size_t kDgramHeaderBytes = 128;
 static_assert(sizeof(DgramHeader) == kDgramHeaderBytes);
@@ -83,7 +83,8 @@ static_assert(offsetof(DgramHeader, magic) == 0 && offsetof(DgramHeader, version
               offsetof(DgramHeader, msg_ack) == 32 && offsetof(DgramHeader, sack) == 40 &&
               offsetof(DgramHeader, rejected) == 72 && offsetof(DgramHeader, credit) == 104 &&
               offsetof(DgramHeader, msg_offset) == 108 && offsetof(DgramHeader, msg) == 112 &&
-              offsetof(DgramHeader, payload_bytes) == 120 && offsetof(DgramHeader, reserved) == 124);
+              offsetof(DgramHeader, payload_bytes) == 120 &&
+              offsetof(DgramHeader, reserved) == 124);
 
 // Smallest datagram the protocol can run on: a header, a FrameHeader and at least one data
 // byte (and room for a hello).

@@ -6,14 +6,17 @@ namespace gradlane::transport::datagram {
 
 absl::Status FaultyLink::Validate(const FaultOptions& f) {
   for (double p : {f.drop_probability, f.reorder_probability, f.duplicate_probability}) {
-    if (!(p >= 0 && p < 1)) return absl::InvalidArgumentError("fault probabilities must be in [0, 1)");
+    if (!(p >= 0 && p < 1))
+      return absl::InvalidArgumentError("fault probabilities must be in [0, 1)");
   }
   if (f.drop_every == 1) return absl::InvalidArgumentError("drop_every=1 would drop everything");
   return absl::OkStatus();
 }
 
 FaultyLink::FaultyLink(DatagramLink* inner, const FaultOptions& faults, size_t max_held_head_bytes)
-    : inner_(inner), faults_(faults), rng_(faults.seed * 0x9E3779B97F4A7C15ull + 1),
+    : inner_(inner),
+      faults_(faults),
+      rng_(faults.seed * 0x9E3779B97F4A7C15ull + 1),
       held_head_(max_held_head_bytes) {}
 
 double FaultyLink::NextRandom() {
@@ -25,7 +28,8 @@ double FaultyLink::NextRandom() {
   return static_cast<double>(z >> 11) * 0x1.0p-53;
 }
 
-bool FaultyLink::Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head, std::span<const uint8_t> body) {
+bool FaultyLink::Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head,
+                         std::span<const uint8_t> body) {
   const FaultOptions& f = faults_;
   // The order of the draws is part of the replay: a generator value per enabled fault, drop first.
   ++count_;
@@ -59,7 +63,8 @@ bool FaultyLink::Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head, 
 void FaultyLink::ReleaseHeld_st() {
   if (!held_) return;
   held_ = false;
-  if (inner_->Send_st(held_to_, std::span<const uint8_t>(held_head_.data(), held_head_bytes_), held_body_)) {
+  if (inner_->Send_st(held_to_, std::span<const uint8_t>(held_head_.data(), held_head_bytes_),
+                      held_body_)) {
     sent_.Add_st(1);
   }
 }

@@ -36,18 +36,19 @@ namespace gradlane::transport::datagram {
 
 // Transmit-side fault injection (tests and the loss benchmark; all zero in production).
 struct FaultOptions {
-  uint32_t drop_every = 0;            // drop every Nth datagram sent (0: never)
-  double drop_probability = 0;        // and/or each with this probability
-  double reorder_probability = 0;     // hold a datagram back and send it after the next one
-  double duplicate_probability = 0;   // send a datagram twice
+  uint32_t drop_every = 0;           // drop every Nth datagram sent (0: never)
+  double drop_probability = 0;       // and/or each with this probability
+  double reorder_probability = 0;    // hold a datagram back and send it after the next one
+  double duplicate_probability = 0;  // send a datagram twice
   uint64_t seed = 1;
   bool any() const {
-    return drop_every != 0 || drop_probability > 0 || reorder_probability > 0 || duplicate_probability > 0;
+    return drop_every != 0 || drop_probability > 0 || reorder_probability > 0 ||
+           duplicate_probability > 0;
   }
 };
 
 struct FaultStats {
-  uint64_t sent = 0;        // datagrams the inner link took (duplicates and released ones included)
+  uint64_t sent = 0;  // datagrams the inner link took (duplicates and released ones included)
   uint64_t drops = 0;
   uint64_t reorders = 0;    // datagrams held back
   uint64_t duplicates = 0;  // extra copies the inner link took
@@ -68,11 +69,14 @@ class FaultyLink final : public DatagramLink {
   Ipv4Endpoint local_endpoint() const override { return inner_->local_endpoint(); }
   // True when the datagram was sent, dropped on purpose or held back; false when the inner link
   // had no room for it (a duplicate may have gone out already).
-  bool Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head, std::span<const uint8_t> body) override;
+  bool Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head,
+               std::span<const uint8_t> body) override;
   // Flushes the inner link. A held datagram stays held: it is released by the next send or by
   // ReleaseHeld_st, so a reordering can span a flush.
   void Flush_st() override { inner_->Flush_st(); }
-  int Poll_st(DatagramSink* sink, TimeNs now, TimeNs wait) override { return inner_->Poll_st(sink, now, wait); }
+  int Poll_st(DatagramSink* sink, TimeNs now, TimeNs wait) override {
+    return inner_->Poll_st(sink, now, wait);
+  }
   uint32_t rx_capacity_packets() const override { return inner_->rx_capacity_packets(); }
 
   // Sends the held datagram, if any (lost if the inner link has no room: the wire dropped it).

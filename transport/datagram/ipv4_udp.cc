@@ -28,7 +28,8 @@ constexpr uint32_t Be32(uint32_t v) {
 absl::StatusOr<uint32_t> ParseIpv4(std::string_view host_sv) {
   const absl::string_view host(host_sv.data(), host_sv.size());
   std::vector<absl::string_view> parts = absl::StrSplit(host, '.');
-  if (parts.size() != 4) return absl::InvalidArgumentError(absl::StrCat("'", host, "' is not an IPv4 address"));
+  if (parts.size() != 4)
+    return absl::InvalidArgumentError(absl::StrCat("'", host, "' is not an IPv4 address"));
   uint32_t ip = 0;
   for (absl::string_view p : parts) {
     uint32_t v = 0;
@@ -43,7 +44,8 @@ absl::StatusOr<uint32_t> ParseIpv4(std::string_view host_sv) {
 absl::StatusOr<Ipv4Endpoint> ParseIpv4Endpoint(std::string_view s_sv) {
   const absl::string_view s(s_sv.data(), s_sv.size());
   const size_t colon = s.rfind(':');
-  if (colon == absl::string_view::npos) return absl::InvalidArgumentError(absl::StrCat("'", s, "' is not IPv4:PORT"));
+  if (colon == absl::string_view::npos)
+    return absl::InvalidArgumentError(absl::StrCat("'", s, "' is not IPv4:PORT"));
   auto ip = ParseIpv4(std::string_view(s.data(), colon));
   if (!ip.ok()) return ip.status();
   uint32_t port = 0;
@@ -57,7 +59,9 @@ std::string FormatIpv4(uint32_t ip) {
   return absl::StrFormat("%d.%d.%d.%d", ip >> 24, (ip >> 16) & 255, (ip >> 8) & 255, ip & 255);
 }
 
-std::string FormatEndpoint(const Ipv4Endpoint& e) { return absl::StrCat(FormatIpv4(e.ip), ":", e.port); }
+std::string FormatEndpoint(const Ipv4Endpoint& e) {
+  return absl::StrCat(FormatIpv4(e.ip), ":", e.port);
+}
 
 // ---- frames -------------------------------------------------------------------------------------
 
@@ -82,9 +86,10 @@ uint16_t EtherTypeOf(std::span<const uint8_t> frame) {
   return Be16(t);
 }
 
-void WriteUdpFrameHeader(std::span<uint8_t, kUdpFrameHeaderBytes> out, std::span<const uint8_t, 6> dst_mac,
-                         std::span<const uint8_t, 6> src_mac, const Ipv4Endpoint& from, const Ipv4Endpoint& to,
-                         uint16_t ip_id, size_t datagram_bytes) {
+void WriteUdpFrameHeader(std::span<uint8_t, kUdpFrameHeaderBytes> out,
+                         std::span<const uint8_t, 6> dst_mac, std::span<const uint8_t, 6> src_mac,
+                         const Ipv4Endpoint& from, const Ipv4Endpoint& to, uint16_t ip_id,
+                         size_t datagram_bytes) {
   EthernetHeader eth;
   std::memcpy(eth.dst, dst_mac.data(), 6);
   std::memcpy(eth.src, src_mac.data(), 6);
@@ -112,7 +117,8 @@ void WriteUdpFrameHeader(std::span<uint8_t, kUdpFrameHeaderBytes> out, std::span
 }
 
 std::optional<UdpFrame> ParseUdpFrame(std::span<const uint8_t> frame, const Ipv4Endpoint& self) {
-  if (frame.size() < kUdpFrameHeaderBytes || EtherTypeOf(frame) != kEtherTypeIpv4) return std::nullopt;
+  if (frame.size() < kUdpFrameHeaderBytes || EtherTypeOf(frame) != kEtherTypeIpv4)
+    return std::nullopt;
   Ipv4Header ip;
   UdpHeader udp;
   std::memcpy(&ip, frame.data() + sizeof(EthernetHeader), sizeof(ip));
@@ -120,7 +126,8 @@ std::optional<UdpFrame> ParseUdpFrame(std::span<const uint8_t> frame, const Ipv4
   const uint32_t ip_len = Be16(ip.total_length);
   const uint32_t udp_len = Be16(udp.length);
   if (ip.version_ihl != kIpv4VersionIhl || ip.protocol != kIpProtoUdp || Be32(ip.dst) != self.ip ||
-      Be16(udp.dst_port) != self.port || (Be16(ip.fragment) & (kIpv4MoreFragments | kIpv4OffsetMask)) != 0 ||
+      Be16(udp.dst_port) != self.port ||
+      (Be16(ip.fragment) & (kIpv4MoreFragments | kIpv4OffsetMask)) != 0 ||
       ip_len + sizeof(EthernetHeader) > frame.size() || udp_len < sizeof(UdpHeader) ||
       udp_len + sizeof(Ipv4Header) != ip_len) {
     return std::nullopt;

@@ -60,9 +60,9 @@ struct EthernetHeader {
 struct Ipv4Header {
   uint8_t version_ihl;
   uint8_t tos;
-  uint16_t total_length;     // IPv4 header + UDP header + datagram
+  uint16_t total_length;  // IPv4 header + UDP header + datagram
   uint16_t packet_id;
-  uint16_t fragment;         // flags (DF, MF) and offset
+  uint16_t fragment;  // flags (DF, MF) and offset
   uint8_t ttl;
   uint8_t protocol;
   uint16_t checksum;
@@ -72,8 +72,8 @@ struct Ipv4Header {
 struct UdpHeader {
   uint16_t src_port;
   uint16_t dst_port;
-  uint16_t length;           // UDP header + datagram
-  uint16_t checksum;         // 0: none (allowed in IPv4)
+  uint16_t length;    // UDP header + datagram
+  uint16_t checksum;  // 0: none (allowed in IPv4)
 };
 static_assert(sizeof(EthernetHeader) == 14 && offsetof(EthernetHeader, ether_type) == 12);
 static_assert(sizeof(Ipv4Header) == 20 && offsetof(Ipv4Header, total_length) == 2 &&
@@ -82,11 +82,12 @@ static_assert(sizeof(Ipv4Header) == 20 && offsetof(Ipv4Header, total_length) == 
               offsetof(Ipv4Header, checksum) == 10 && offsetof(Ipv4Header, src) == 12 &&
               offsetof(Ipv4Header, dst) == 16);
 static_assert(sizeof(UdpHeader) == 8 && offsetof(UdpHeader, length) == 4);
-static_assert(std::is_trivially_copyable_v<EthernetHeader> && std::is_trivially_copyable_v<Ipv4Header> &&
-              std::is_trivially_copyable_v<UdpHeader>);
+static_assert(std::is_trivially_copyable_v<EthernetHeader> &&
+              std::is_trivially_copyable_v<Ipv4Header> && std::is_trivially_copyable_v<UdpHeader>);
 
 // What precedes the datagram in every frame we send and accept.
-inline constexpr size_t kUdpFrameHeaderBytes = sizeof(EthernetHeader) + sizeof(Ipv4Header) + sizeof(UdpHeader);
+inline constexpr size_t kUdpFrameHeaderBytes =
+    sizeof(EthernetHeader) + sizeof(Ipv4Header) + sizeof(UdpHeader);
 static_assert(kUdpFrameHeaderBytes == 42);
 // IPv4 + UDP headers: an MTU minus this is the largest datagram.
 inline constexpr size_t kIpv4UdpHeaderBytes = sizeof(Ipv4Header) + sizeof(UdpHeader);
@@ -103,9 +104,10 @@ uint16_t EtherTypeOf(std::span<const uint8_t> frame);
 // `to`: IPv4 with don't-fragment set (the protocol sizes datagrams to the MTU itself), TTL 64,
 // identification `ip_id`, a header checksum, and no UDP checksum (optional in IPv4; the Ethernet
 // FCS covers the link, and computing one would read the whole payload).
-void WriteUdpFrameHeader(std::span<uint8_t, kUdpFrameHeaderBytes> out, std::span<const uint8_t, 6> dst_mac,
-                         std::span<const uint8_t, 6> src_mac, const Ipv4Endpoint& from, const Ipv4Endpoint& to,
-                         uint16_t ip_id, size_t datagram_bytes);
+void WriteUdpFrameHeader(std::span<uint8_t, kUdpFrameHeaderBytes> out,
+                         std::span<const uint8_t, 6> dst_mac, std::span<const uint8_t, 6> src_mac,
+                         const Ipv4Endpoint& from, const Ipv4Endpoint& to, uint16_t ip_id,
+                         size_t datagram_bytes);
 
 // A received frame's datagram and where it came from; the spans point into the frame.
 struct UdpFrame {

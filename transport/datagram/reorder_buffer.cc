@@ -61,7 +61,8 @@ bool ReorderBuffer::NextHeld(Packet* out) {
   out->flags = slot.flags;
   out->msg = slot.msg;
   out->msg_offset = slot.msg_offset;
-  out->bytes = std::span<const uint8_t>(buf_.data() + (next_ % capacity_) * slot_bytes_, slot.bytes);
+  out->bytes =
+      std::span<const uint8_t>(buf_.data() + (next_ % capacity_) * slot_bytes_, slot.bytes);
   return true;
 }
 

@@ -76,7 +76,8 @@ class ReorderBuffer {
   // The peer asked for an ack now.
   void AckNow() { ack_now_ = true; }
   bool AckDue(TimeNs now, uint32_t ack_every, TimeNs ack_delay) const {
-    return ack_now_ || (due_since_ != sched::kNever && (unacked_ >= ack_every || now - due_since_ >= ack_delay));
+    return ack_now_ || (due_since_ != sched::kNever &&
+                        (unacked_ >= ack_every || now - due_since_ >= ack_delay));
   }
   // Something received waits for an acknowledgement (the delay timer runs).
   bool AckPending() const { return due_since_ != sched::kNever; }
@@ -95,8 +96,8 @@ class ReorderBuffer {
     ack_now_ = o.now;
   }
 
-  uint64_t next() const { return next_; }                  // cumulative ack
-  uint64_t next_message() const { return msg_next_; }      // messages below it are finished
+  uint64_t next() const { return next_; }              // cumulative ack
+  uint64_t next_message() const { return msg_next_; }  // messages below it are finished
   uint32_t capacity() const { return capacity_; }
   uint32_t max_packet_bytes() const { return slot_bytes_; }
 

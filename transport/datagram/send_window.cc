@@ -17,7 +17,9 @@ void SendWindow::Reset(const Timing& timing) {
   timer_at_ = sched::kNever;
 }
 
-void SendWindow::SetInitialCredit(uint32_t credit) { peer_limit_ = std::min<uint64_t>(credit, kMaxWindow); }
+void SendWindow::SetInitialCredit(uint32_t credit) {
+  peer_limit_ = std::min<uint64_t>(credit, kMaxWindow);
+}
 
 void SendWindow::Stage(uint64_t msg, uint32_t offset, uint32_t len, uint16_t flags, TimeNs now) {
   Packet& p = Pkt(nxt_);
@@ -35,7 +37,8 @@ void SendWindow::Commit(TimeNs now) {
   timer_at_ = std::min(timer_at_, now + rto_);
 }
 
-SendWindow::AckResult SendWindow::OnAck(uint64_t ack, const uint64_t (&sack)[4], uint32_t credit, TimeNs now) {
+SendWindow::AckResult SendWindow::OnAck(uint64_t ack, const uint64_t (&sack)[4], uint32_t credit,
+                                        TimeNs now) {
   AckResult r;
   if (ack < una_) {  // an older ack overtaken by a newer one
     r.stale = true;
@@ -59,8 +62,8 @@ SendWindow::AckResult SendWindow::OnAck(uint64_t ack, const uint64_t (&sack)[4],
     }
     // Recomputed on every new ack, sample or not: this also ends an exponential back-off.
     if (have_rtt_) {
-      rto_ = std::clamp<TimeNs>(srtt_ + std::max<TimeNs>(10 * sched::kMicrosecond, 4 * rttvar_), timing_.min_rto,
-                                timing_.max_rto);
+      rto_ = std::clamp<TimeNs>(srtt_ + std::max<TimeNs>(10 * sched::kMicrosecond, 4 * rttvar_),
+                                timing_.min_rto, timing_.max_rto);
     }
     una_ = ack;
     acked_at_ = now;
@@ -80,7 +83,8 @@ SendWindow::AckResult SendWindow::OnAck(uint64_t ack, const uint64_t (&sack)[4],
   return r;
 }
 
-SendWindow::RetransmitResult SendWindow::Retransmit(TimeNs now, absl::FunctionRef<Resend(uint64_t seq)> resend) {
+SendWindow::RetransmitResult SendWindow::Retransmit(
+    TimeNs now, absl::FunctionRef<Resend(uint64_t seq)> resend) {
   RetransmitResult r;
   if (una_ == nxt_) {
     timer_at_ = sched::kNever;
@@ -102,7 +106,8 @@ SendWindow::RetransmitResult SendWindow::Retransmit(TimeNs now, absl::FunctionRe
     const TimeNs since = std::max(p.sent_at, acked_at_);
     const bool due = now - since >= rto_;
     const bool expired = due && expired_sent < timing_.rto_burst;
-    const bool fast = sack_holes_ && s + kDupThresh <= highest_sacked_ && now - p.sent_at >= fast_gap;
+    const bool fast =
+        sack_holes_ && s + kDupThresh <= highest_sacked_ && now - p.sent_at >= fast_gap;
     if (expired && !fast) ++expired_sent;
     if (expired || fast) {
       const Resend how = resend(s);
@@ -120,7 +125,9 @@ SendWindow::RetransmitResult SendWindow::Retransmit(TimeNs now, absl::FunctionRe
       r.timed_out |= expired;
     }
     // Due but past this timeout's burst: it waits a whole (backed-off) timeout for the acks.
-    next = std::min(next, due && !expired && p.sent_at != now ? now + rto_ : std::max(p.sent_at, acked_at_) + rto_);
+    next =
+        std::min(next, due && !expired && p.sent_at != now ? now + rto_
+                                                           : std::max(p.sent_at, acked_at_) + rto_);
   }
   if (r.timed_out) rto_ = std::min(rto_ * 2, timing_.max_rto);  // back off (RFC 6298 5.5)
   sack_holes_ = false;

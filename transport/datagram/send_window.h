@@ -53,13 +53,13 @@ class SendWindow {
 
   // One packet in flight.
   struct Packet {
-    uint64_t msg = 0;      // the message (segment) it carries bytes of
-    uint32_t offset = 0;   // where in that message
+    uint64_t msg = 0;     // the message (segment) it carries bytes of
+    uint32_t offset = 0;  // where in that message
     uint32_t len = 0;
-    uint16_t flags = 0;    // kPktFirst / kPktLast
-    uint16_t sends = 0;    // 1: never resent (an RTT sample may come from it)
-    bool sacked = false;   // the peer holds it: never resent
-    TimeNs sent_at = 0;    // last (re)transmission
+    uint16_t flags = 0;   // kPktFirst / kPktLast
+    uint16_t sends = 0;   // 1: never resent (an RTT sample may come from it)
+    bool sacked = false;  // the peer holds it: never resent
+    TimeNs sent_at = 0;   // last (re)transmission
   };
 
   // What the transport's resend callback reports for one packet.
@@ -107,8 +107,8 @@ class SendWindow {
   RetransmitResult Retransmit(TimeNs now, absl::FunctionRef<Resend(uint64_t seq)> resend);
 
   // ---- state
-  uint64_t una() const { return una_; }          // oldest unacknowledged packet
-  uint64_t next() const { return nxt_; }         // next new sequence number
+  uint64_t una() const { return una_; }   // oldest unacknowledged packet
+  uint64_t next() const { return nxt_; }  // next new sequence number
   uint64_t peer_limit() const { return peer_limit_; }
   bool in_flight() const { return una_ != nxt_; }
   const Packet& packet(uint64_t seq) const { return pkts_[seq & (kMaxWindow - 1)]; }

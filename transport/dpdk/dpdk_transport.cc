@@ -66,7 +66,8 @@ TimeNs MonoNow() {
 absl::StatusOr<rte_ether_addr> ParseMac(absl::string_view s) {
   std::vector<absl::string_view> parts = absl::StrSplit(s, ':');
   rte_ether_addr a{};
-  if (parts.size() != 6) return absl::InvalidArgumentError(absl::StrCat("'", s, "' is not a MAC address"));
+  if (parts.size() != 6)
+    return absl::InvalidArgumentError(absl::StrCat("'", s, "' is not a MAC address"));
   for (int i = 0; i < 6; ++i) {
     uint32_t v = 0;
     if (parts[i].size() != 2 || !absl::SimpleHexAtoi(parts[i], &v)) {
@@ -78,16 +79,18 @@ absl::StatusOr<rte_ether_addr> ParseMac(absl::string_view s) {
 }
 
 std::string MacText(const rte_ether_addr& a) {
-  return absl::StrFormat("%02x:%02x:%02x:%02x:%02x:%02x", a.addr_bytes[0], a.addr_bytes[1], a.addr_bytes[2],
-                         a.addr_bytes[3], a.addr_bytes[4], a.addr_bytes[5]);
+  return absl::StrFormat("%02x:%02x:%02x:%02x:%02x:%02x", a.addr_bytes[0], a.addr_bytes[1],
+                         a.addr_bytes[2], a.addr_bytes[3], a.addr_bytes[4], a.addr_bytes[5]);
 }
 
-absl::StatusOr<std::vector<std::pair<uint32_t, rte_ether_addr>>> ParseArpList(std::string_view spec_sv) {
+absl::StatusOr<std::vector<std::pair<uint32_t, rte_ether_addr>>> ParseArpList(
+    std::string_view spec_sv) {
   std::vector<std::pair<uint32_t, rte_ether_addr>> out;
   const absl::string_view spec(spec_sv.data(), spec_sv.size());
   for (absl::string_view e : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
     const size_t eq = e.find('=');
-    if (eq == absl::string_view::npos) return absl::InvalidArgumentError(absl::StrCat("static ARP entry '", e, "' is not IP=MAC"));
+    if (eq == absl::string_view::npos)
+      return absl::InvalidArgumentError(absl::StrCat("static ARP entry '", e, "' is not IP=MAC"));
     auto ip = ParseIpv4(std::string_view(e.data(), eq));
     if (!ip.ok()) return ip.status();
     auto mac = ParseMac(e.substr(eq + 1));
@@ -112,7 +115,7 @@ bool PrefixBusy(const std::string& prefix) {
   const std::string path = absl::StrCat(dir, "/", prefix, "/config");
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
-  struct flock lk{};
+  struct flock lk {};
   lk.l_type = F_WRLCK;
   lk.l_whence = SEEK_SET;
   const bool busy = fcntl(fd, F_GETLK, &lk) == 0 && lk.l_type != F_UNLCK;
@@ -184,10 +187,12 @@ struct DpdkPort::Impl {
     n->mac = mac;
     n->known = true;
   }
-  void SendArp(uint16_t op, const rte_ether_addr& dst_mac, uint32_t tip, const rte_ether_addr& tha) {
+  void SendArp(uint16_t op, const rte_ether_addr& dst_mac, uint32_t tip,
+               const rte_ether_addr& tha) {
     rte_mbuf* m = rte_pktmbuf_alloc(tx_pool);
     if (m == nullptr) return;
-    auto* eth = reinterpret_cast<rte_ether_hdr*>(rte_pktmbuf_append(m, sizeof(rte_ether_hdr) + sizeof(rte_arp_hdr)));
+    auto* eth = reinterpret_cast<rte_ether_hdr*>(
+        rte_pktmbuf_append(m, sizeof(rte_ether_hdr) + sizeof(rte_arp_hdr)));
     eth->dst_addr = dst_mac;
     eth->src_addr = mac;
     eth->ether_type = rte_cpu_to_be_16(RTE_ETHER_TYPE_ARP);
@@ -266,35 +271,46 @@ uint32_t DpdkPort::rx_capacity_packets() const { return impl_->rx_capacity; }
 
 std::string DpdkPort::Describe() const {
   const Impl& p = *impl_;
-  return absl::StrFormat("dpdk port %d driver %s mac %s ip %s mtu %d datagram %d zero-copy %s rx-capacity %d", p.port,
-                         p.driver, MacText(p.mac), FormatEndpoint(p.self), p.mtu, p.max_dgram,
-                         p.zero_copy ? "on" : "off", p.rx_capacity);
+  return absl::StrFormat(
+      "dpdk port %d driver %s mac %s ip %s mtu %d datagram %d zero-copy %s rx-capacity %d", p.port,
+      p.driver, MacText(p.mac), FormatEndpoint(p.self), p.mtu, p.max_dgram,
+      p.zero_copy ? "on" : "off", p.rx_capacity);
 }
 
-absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o, const std::string& default_ip,
-                                                         uint16_t udp_port, uint32_t window, uint32_t connections) {
+absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o,
+                                                         const std::string& default_ip,
+                                                         uint16_t udp_port, uint32_t window,
+                                                         uint32_t connections) {
   auto impl = std::make_unique<Impl>();
   auto ip = ParseIpv4(o.ip.empty() ? default_ip : o.ip);
-  if (!ip.ok()) return absl::InvalidArgumentError(absl::StrCat("DPDK needs an IPv4 address: ", ip.status().message()));
-  if (*ip == 0) return absl::InvalidArgumentError("DPDK needs a concrete IPv4 address (--dpdk_ip), not 0.0.0.0");
+  if (!ip.ok())
+    return absl::InvalidArgumentError(
+        absl::StrCat("DPDK needs an IPv4 address: ", ip.status().message()));
+  if (*ip == 0)
+    return absl::InvalidArgumentError(
+        "DPDK needs a concrete IPv4 address (--dpdk_ip), not 0.0.0.0");
   impl->self = Ipv4Endpoint{*ip, udp_port == 0 ? kDefaultUdpPort : udp_port};
   auto arp = ParseArpList(o.static_arp);
   if (!arp.ok()) return arp.status();
   if (o.zero_copy != "auto" && o.zero_copy != "on" && o.zero_copy != "off") {
-    return absl::InvalidArgumentError(absl::StrCat("zero_copy '", o.zero_copy, "' (expected auto, on or off)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("zero_copy '", o.zero_copy, "' (expected auto, on or off)"));
   }
 
   // ---- EAL
   if (g_eal_started.exchange(true)) {
-    return absl::FailedPreconditionError("the DPDK EAL is already running in this process (one DPDK transport per process)");
+    return absl::FailedPreconditionError(
+        "the DPDK EAL is already running in this process (one DPDK transport per process)");
   }
   std::vector<std::string> args = {"gradlaned"};
   if (!o.eal_args.empty()) {
-    for (absl::string_view a : absl::StrSplit(o.eal_args, ' ', absl::SkipWhitespace())) args.emplace_back(a);
+    for (absl::string_view a : absl::StrSplit(o.eal_args, ' ', absl::SkipWhitespace()))
+      args.emplace_back(a);
   } else {
     if (o.in_memory && o.no_huge) {
       g_eal_started = false;
-      return absl::InvalidArgumentError("--in-memory does not work with --no-huge here: use a unique file prefix");
+      return absl::InvalidArgumentError(
+          "--in-memory does not work with --no-huge here: use a unique file prefix");
     }
     args.push_back(absl::StrCat("-l", o.lcore));
     if (o.no_huge) {
@@ -310,11 +326,13 @@ absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o, c
     if (o.in_memory) {
       args.push_back("--in-memory");
     } else {
-      const std::string prefix = o.file_prefix.empty() ? absl::StrCat("gradlane-", getpid()) : o.file_prefix;
+      const std::string prefix =
+          o.file_prefix.empty() ? absl::StrCat("gradlane-", getpid()) : o.file_prefix;
       if (PrefixBusy(prefix)) {
         g_eal_started = false;
         return absl::FailedPreconditionError(absl::StrCat(
-            "DPDK file prefix '", prefix, "' is in use by another DPDK process (choose another --dpdk_file_prefix)"));
+            "DPDK file prefix '", prefix,
+            "' is in use by another DPDK process (choose another --dpdk_file_prefix)"));
       }
       args.push_back(absl::StrCat("--file-prefix=", prefix));
     }
@@ -323,8 +341,8 @@ absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o, c
   for (const std::string& a : args) {
     if (a.rfind("--file-prefix=", 0) == 0 && PrefixBusy(a.substr(14))) {
       g_eal_started = false;
-      return absl::FailedPreconditionError(absl::StrCat("DPDK file prefix '", a.substr(14),
-                                                        "' is in use by another DPDK process"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("DPDK file prefix '", a.substr(14), "' is in use by another DPDK process"));
     }
   }
   std::vector<char*> argv;
@@ -332,7 +350,8 @@ absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o, c
   argv.push_back(nullptr);
   rte_openlog_stream(stderr);  // EAL logs to stdout by default; stdout carries our ready line
   if (rte_eal_init(static_cast<int>(args.size()), argv.data()) < 0) {
-    return absl::UnavailableError(absl::StrCat("DPDK EAL failed to start (", rte_strerror(rte_errno),
+    return absl::UnavailableError(absl::StrCat("DPDK EAL failed to start (",
+                                               rte_strerror(rte_errno),
                                                ") with: ", absl::StrJoin(args, " ")));
   }
   {
@@ -366,9 +385,9 @@ absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o, c
     break;
   }
   if (port == RTE_MAX_ETHPORTS) {
-    return absl::NotFoundError(absl::StrCat("no DPDK port: give a virtual device (--dpdk_vdev) or a PCI address ",
-                                            "(--dpdk_pci) of a NIC bound to a DPDK driver; EAL args: ",
-                                            absl::StrJoin(args, " ")));
+    return absl::NotFoundError(absl::StrCat(
+        "no DPDK port: give a virtual device (--dpdk_vdev) or a PCI address ",
+        "(--dpdk_pci) of a NIC bound to a DPDK driver; EAL args: ", absl::StrJoin(args, " ")));
   }
   impl->port = port;
   rte_eth_dev_info info;
@@ -384,12 +403,13 @@ absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o, c
   uint32_t frame;
   if (o.mtu != 0) {
     if (o.mtu > 65000 || (!af_packet && (o.mtu < info.min_mtu || o.mtu > info.max_mtu))) {
-      return absl::InvalidArgumentError(absl::StrCat("MTU ", o.mtu, " outside the port's range [", info.min_mtu, ", ",
-                                                     info.max_mtu, "]"));
+      return absl::InvalidArgumentError(absl::StrCat("MTU ", o.mtu, " outside the port's range [",
+                                                     info.min_mtu, ", ", info.max_mtu, "]"));
     }
     frame = o.mtu + RTE_ETHER_HDR_LEN;
   } else {
-    frame = std::min<uint32_t>(port_mtu + RTE_ETHER_HDR_LEN, std::max<uint32_t>(info.max_rx_pktlen, 1514));
+    frame = std::min<uint32_t>(port_mtu + RTE_ETHER_HDR_LEN,
+                               std::max<uint32_t>(info.max_rx_pktlen, 1514));
   }
   impl->mtu = frame - RTE_ETHER_HDR_LEN;
   impl->max_dgram = impl->mtu - static_cast<uint32_t>(sizeof(rte_ipv4_hdr) + sizeof(rte_udp_hdr));
@@ -405,14 +425,16 @@ absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o, c
                         impl->driver == "net_ring" || impl->driver == "net_null";
   impl->zero_copy = o.zero_copy == "on" || (o.zero_copy == "auto" && multi_seg && reads_va);
   if (o.zero_copy == "on" && !multi_seg) {
-    return absl::FailedPreconditionError(absl::StrCat("driver ", impl->driver, " cannot send chained mbufs: no zero-copy"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("driver ", impl->driver, " cannot send chained mbufs: no zero-copy"));
   }
 
   rte_eth_conf conf{};
   if (!af_packet) conf.rxmode.mtu = impl->mtu;
   if (impl->zero_copy) conf.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
   if (int rc = rte_eth_dev_configure(port, 1, 1, &conf); rc != 0) {
-    return absl::UnavailableError(absl::StrCat("rte_eth_dev_configure(port ", port, "): ", rte_strerror(-rc)));
+    return absl::UnavailableError(
+        absl::StrCat("rte_eth_dev_configure(port ", port, "): ", rte_strerror(-rc)));
   }
   uint16_t nb_rx = 1024, nb_tx = 1024;
   (void)rte_eth_dev_adjust_nb_rx_tx_desc(port, &nb_rx, &nb_tx);
@@ -422,7 +444,8 @@ absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o, c
   if (af_packet) {
     impl->rx_capacity = 512;
     const rte_devargs* da = info.device != nullptr ? rte_dev_devargs(info.device) : nullptr;
-    if (rte_kvargs* kv = da != nullptr && da->args != nullptr ? rte_kvargs_parse(da->args, nullptr) : nullptr) {
+    if (rte_kvargs* kv =
+            da != nullptr && da->args != nullptr ? rte_kvargs_parse(da->args, nullptr) : nullptr) {
       uint32_t frames = 0;
       const char* v = rte_kvargs_get(kv, "framecnt");
       if (v != nullptr && absl::SimpleAtoi(v, &frames) && frames > 0) impl->rx_capacity = frames;
@@ -432,7 +455,8 @@ absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o, c
   const int socket = rte_eth_dev_socket_id(port) < 0 ? 0 : rte_eth_dev_socket_id(port);
   // af_packet copies a whole ring frame into one mbuf, so the data room must hold its frame size
   // (16 KiB with the recommended devargs); other PMDs need the MTU.
-  const uint32_t room = std::min<uint32_t>(RTE_PKTMBUF_HEADROOM + std::max<uint32_t>(16384, frame + 64), 65535);
+  const uint32_t room =
+      std::min<uint32_t>(RTE_PKTMBUF_HEADROOM + std::max<uint32_t>(16384, frame + 64), 65535);
   const uint32_t rx_n = std::max<uint32_t>(2 * nb_rx + 2 * kBurst, 1023);
   // Unacknowledged packets live in the arena (retransmissions re-read it), so mbufs are only
   // needed for what the TX ring holds, plus one window of packets being built.
@@ -440,15 +464,20 @@ absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o, c
   const uint32_t tx_n = std::max<uint32_t>(2 * nb_tx + window + 2 * kBurst, 1023);
   const uint32_t tx_room = std::min<uint32_t>(RTE_PKTMBUF_HEADROOM + frame + 64, 65535);
   const std::string tag = absl::StrCat(getpid());
-  impl->rx_pool = rte_pktmbuf_pool_create(absl::StrCat("glrx", tag).c_str(), rx_n, 64, 0, room, socket);
-  impl->tx_pool = rte_pktmbuf_pool_create(absl::StrCat("gltx", tag).c_str(), tx_n, 64, 0, tx_room, socket);
+  impl->rx_pool =
+      rte_pktmbuf_pool_create(absl::StrCat("glrx", tag).c_str(), rx_n, 64, 0, room, socket);
+  impl->tx_pool =
+      rte_pktmbuf_pool_create(absl::StrCat("gltx", tag).c_str(), tx_n, 64, 0, tx_room, socket);
   if (impl->zero_copy) {
-    impl->ext_pool = rte_pktmbuf_pool_create(absl::StrCat("glext", tag).c_str(), tx_n, 64, 0, 0, socket);
+    impl->ext_pool =
+        rte_pktmbuf_pool_create(absl::StrCat("glext", tag).c_str(), tx_n, 64, 0, 0, socket);
   }
-  if (impl->rx_pool == nullptr || impl->tx_pool == nullptr || (impl->zero_copy && impl->ext_pool == nullptr)) {
-    return absl::ResourceExhaustedError(absl::StrCat("DPDK mempools (", rx_n, "+", tx_n, " mbufs of ", room,
-                                                     " bytes): ", rte_strerror(rte_errno),
-                                                     " — raise -m / --dpdk_memory_mb or reserve hugepages"));
+  if (impl->rx_pool == nullptr || impl->tx_pool == nullptr ||
+      (impl->zero_copy && impl->ext_pool == nullptr)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("DPDK mempools (", rx_n, "+", tx_n, " mbufs of ", room,
+                     " bytes): ", rte_strerror(rte_errno),
+                     " — raise -m / --dpdk_memory_mb or reserve hugepages"));
   }
   impl->shinfo.free_cb = NoopFree;
   impl->shinfo.fcb_opaque = nullptr;
@@ -461,18 +490,21 @@ absl::StatusOr<std::unique_ptr<DpdkPort>> DpdkPort::Open(const DpdkOptions& o, c
     return absl::UnavailableError(absl::StrCat("tx queue setup: ", rte_strerror(-rc)));
   }
   if (int rc = rte_eth_dev_start(port); rc != 0) {
-    return absl::UnavailableError(absl::StrCat("rte_eth_dev_start(port ", port, "): ", rte_strerror(-rc)));
+    return absl::UnavailableError(
+        absl::StrCat("rte_eth_dev_start(port ", port, "): ", rte_strerror(-rc)));
   }
   (void)rte_eth_promiscuous_enable(port);  // a vdev may not filter by MAC anyway; we do
   if (int rc = rte_eth_macaddr_get(port, &impl->mac); rc != 0) {
     return absl::InternalError(absl::StrCat("rte_eth_macaddr_get: ", rte_strerror(-rc)));
   }
-  for (const auto& [aip, amac] : *arp) impl->neighbours.push_back(Impl::Neighbour{aip, amac, true, 0});
+  for (const auto& [aip, amac] : *arp)
+    impl->neighbours.push_back(Impl::Neighbour{aip, amac, true, 0});
   guard.armed = false;
   return std::unique_ptr<DpdkPort>(new DpdkPort(std::move(impl)));
 }
 
-bool DpdkPort::Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head, std::span<const uint8_t> body) {
+bool DpdkPort::Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head,
+                       std::span<const uint8_t> body) {
   Impl& p = *impl_;
   p.EnsureThread();
   Impl::Neighbour* n = p.Find(to.ip);
@@ -499,7 +531,8 @@ bool DpdkPort::Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head, st
   if (m == nullptr) return false;
   const bool zc = p.zero_copy && body.size() >= kZeroCopyMinBytes;
   const size_t inline_bytes = kHdrBytes + head.size() + (zc ? 0 : body.size());
-  auto* frame = reinterpret_cast<uint8_t*>(rte_pktmbuf_append(m, static_cast<uint16_t>(inline_bytes)));
+  auto* frame =
+      reinterpret_cast<uint8_t*>(rte_pktmbuf_append(m, static_cast<uint16_t>(inline_bytes)));
   if (frame == nullptr) {
     rte_pktmbuf_free(m);
     return false;
@@ -512,7 +545,8 @@ bool DpdkPort::Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head, st
     }
     void* addr = const_cast<uint8_t*>(body.data());
     rte_mbuf_ext_refcnt_update(&p.shinfo, 1);
-    rte_pktmbuf_attach_extbuf(ext, addr, p.iova_va ? reinterpret_cast<rte_iova_t>(addr) : RTE_BAD_IOVA,
+    rte_pktmbuf_attach_extbuf(ext, addr,
+                              p.iova_va ? reinterpret_cast<rte_iova_t>(addr) : RTE_BAD_IOVA,
                               static_cast<uint16_t>(body.size()), &p.shinfo);
     ext->data_len = static_cast<uint16_t>(body.size());
     ext->pkt_len = static_cast<uint32_t>(body.size());
@@ -522,7 +556,8 @@ bool DpdkPort::Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head, st
       return false;
     }
   }
-  datagram::WriteUdpFrameHeader(std::span<uint8_t, datagram::kUdpFrameHeaderBytes>(frame, kHdrBytes),
+  datagram::WriteUdpFrameHeader(std::span<uint8_t, datagram::kUdpFrameHeaderBytes>(frame,
+                                                                                   kHdrBytes),
                                 n->mac.addr_bytes, p.mac.addr_bytes, p.self, to, p.ip_id++, dgram);
   uint8_t* out = frame + kHdrBytes;
   std::memcpy(out, head.data(), head.size());
@@ -592,30 +627,32 @@ DpdkTransport::~DpdkTransport() {
   // One line for the operator (and the loss test): what the protocol had to repair.
   if (datagram_ != nullptr) {
     const DatagramStats r = datagram_->DatagramStatsNow();
-    std::fprintf(stderr,
-                 "gradlaned: dpdk stats: datagrams_sent=%lu datagrams_received=%lu data_packets_sent=%lu "
-                 "retransmits=%lu timeouts=%lu duplicates=%lu out_of_order=%lu injected_drops=%lu "
-                 "injected_reorders=%lu injected_duplicates=%lu link_full=%lu stray=%lu replies_suppressed=%lu\n",
-                 r.datagrams_sent, r.datagrams_received, r.data_packets_sent, r.retransmits, r.timeouts,
-                 r.duplicates, r.out_of_order, r.injected_drops, r.injected_reorders, r.injected_duplicates,
-                 r.link_full, r.stray, r.replies_suppressed);
+    std::fprintf(
+        stderr,
+        "gradlaned: dpdk stats: datagrams_sent=%lu datagrams_received=%lu data_packets_sent=%lu "
+        "retransmits=%lu timeouts=%lu duplicates=%lu out_of_order=%lu injected_drops=%lu "
+        "injected_reorders=%lu injected_duplicates=%lu link_full=%lu stray=%lu "
+        "replies_suppressed=%lu\n",
+        r.datagrams_sent, r.datagrams_received, r.data_packets_sent, r.retransmits, r.timeouts,
+        r.duplicates, r.out_of_order, r.injected_drops, r.injected_reorders, r.injected_duplicates,
+        r.link_full, r.stray, r.replies_suppressed);
   }
   datagram_.reset();  // before the port it sends through
   port_.reset();
 }
 
-absl::StatusOr<std::unique_ptr<DpdkTransport>> DpdkTransport::Create(const TransportOptions& options,
-                                                                     const DpdkOptions& dpdk,
-                                                                     TransportHandler* handler) {
+absl::StatusOr<std::unique_ptr<DpdkTransport>> DpdkTransport::Create(
+    const TransportOptions& options, const DpdkOptions& dpdk, TransportHandler* handler) {
   if (handler == nullptr) return absl::InvalidArgumentError("null handler");
-  auto port = DpdkPort::Open(dpdk, options.listen_address, options.listen_port, dpdk.reliable.window_packets,
-                             options.max_connections);
+  auto port = DpdkPort::Open(dpdk, options.listen_address, options.listen_port,
+                             dpdk.reliable.window_packets, options.max_connections);
   if (!port.ok()) return port.status();
   auto t = std::unique_ptr<DpdkTransport>(new DpdkTransport());
   t->port_ = std::move(*port);
   DatagramOptions protocol = dpdk.reliable;
   // A quarter of the port's room is left for acks, control and others' traffic.
-  if (protocol.rx_budget_packets == 0) protocol.rx_budget_packets = t->port_->rx_capacity_packets() * 3 / 4;
+  if (protocol.rx_budget_packets == 0)
+    protocol.rx_budget_packets = t->port_->rx_capacity_packets() * 3 / 4;
   auto datagram = DatagramTransport::Create(options, protocol, t->port_.get(), handler);
   if (!datagram.ok()) return datagram.status();
   t->datagram_ = std::move(*datagram);

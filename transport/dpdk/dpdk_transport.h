@@ -41,15 +41,16 @@ using datagram::kMaxWindow;
 struct DpdkOptions {
   // Verbatim EAL arguments (space-separated); when set, the discrete fields below are ignored.
   std::string eal_args;
-  // A virtual device, e.g. "net_af_packet0,iface=eth0,qdisc_bypass=0,blocksz=16384,framesz=16384,framecnt=512".
+  // A virtual device, e.g.
+  // "net_af_packet0,iface=eth0,qdisc_bypass=0,blocksz=16384,framesz=16384,framecnt=512".
   std::string vdev;
   // A PCI address to use (allow-list); empty with a vdev: --no-pci.
   std::string pci;
   int lcore = 0;
   bool no_huge = true;
-  uint32_t memory_mb = 512;   // -m with --no-huge
-  std::string file_prefix;    // empty: "gradlane-<pid>" (unique per process)
-  bool in_memory = false;     // --in-memory instead of a file prefix (not with --no-huge)
+  uint32_t memory_mb = 512;  // -m with --no-huge
+  std::string file_prefix;   // empty: "gradlane-<pid>" (unique per process)
+  bool in_memory = false;    // --in-memory instead of a file prefix (not with --no-huge)
   // Our IPv4 address on the port (empty: TransportOptions::listen_address); the UDP port is
   // TransportOptions::listen_port (0: 7610).
   std::string ip;
@@ -75,13 +76,16 @@ class DpdkPort final : public datagram::DatagramLink {
  public:
   // Starts the EAL and the port. `udp_port` 0 means 7610; `default_ip` is used when dpdk.ip is
   // empty. Pools are sized for `window` packets on each of `connections` connections.
-  static absl::StatusOr<std::unique_ptr<DpdkPort>> Open(const DpdkOptions& dpdk, const std::string& default_ip,
-                                                        uint16_t udp_port, uint32_t window, uint32_t connections);
+  static absl::StatusOr<std::unique_ptr<DpdkPort>> Open(const DpdkOptions& dpdk,
+                                                        const std::string& default_ip,
+                                                        uint16_t udp_port, uint32_t window,
+                                                        uint32_t connections);
   ~DpdkPort() override;
 
   uint32_t max_datagram_bytes() const override;
   datagram::Ipv4Endpoint local_endpoint() const override;
-  bool Send_st(const datagram::Ipv4Endpoint& to, std::span<const uint8_t> head, std::span<const uint8_t> body) override;
+  bool Send_st(const datagram::Ipv4Endpoint& to, std::span<const uint8_t> head,
+               std::span<const uint8_t> body) override;
   void Flush_st() override;
   int Poll_st(datagram::DatagramSink* sink, TimeNs now, TimeNs wait) override;
   uint32_t rx_capacity_packets() const override;
@@ -96,7 +100,6 @@ class DpdkPort final : public datagram::DatagramLink {
 
 class DpdkTransport final : public Transport {
  public:
-
   static absl::StatusOr<std::unique_ptr<DpdkTransport>> Create(const TransportOptions& options,
                                                                const DpdkOptions& dpdk,
                                                                TransportHandler* handler);
@@ -111,14 +114,17 @@ class DpdkTransport final : public Transport {
   absl::StatusOr<uint16_t> Listen_st() override { return datagram_->Listen_st(); }
   absl::Status AddJob_st(const JobCredentials& job) override { return datagram_->AddJob_st(job); }
   absl::Status RemoveJob_st(uint64_t job_id) override { return datagram_->RemoveJob_st(job_id); }
-  absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job, std::string_view address, TimeNs now) override {
+  absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job, std::string_view address,
+                                        TimeNs now) override {
     return datagram_->Connect_st(job, address, now);
   }
   void Disconnect_st(PeerHandle peer, TimeNs now) override { datagram_->Disconnect_st(peer, now); }
   absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes) override {
     return datagram_->RegisterRegion_st(base, bytes);
   }
-  absl::Status UnregisterRegion_st(RegionId region) override { return datagram_->UnregisterRegion_st(region); }
+  absl::Status UnregisterRegion_st(RegionId region) override {
+    return datagram_->UnregisterRegion_st(region);
+  }
   absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec) override {
     return datagram_->PostSend_st(peer, spec);
   }
@@ -136,7 +142,6 @@ class DpdkTransport final : public Transport {
   std::unique_ptr<DpdkPort> port_;
   std::unique_ptr<datagram::DatagramTransport> datagram_;
 };
-
 
 }  // namespace gradlane::transport::dpdk
 

@@ -65,9 +65,7 @@ class Connection {
   // Gives the storage back (the slot is idle).
   void ReleaseStorage();
   // Bytes of storage held now.
-  uint64_t StorageBytes() const {
-    return ring.capacity() * sizeof(PendingSend) + ctrl.capacity();
-  }
+  uint64_t StorageBytes() const { return ring.capacity() * sizeof(PendingSend) + ctrl.capacity(); }
   // Clears the per-connection state for a new use of the slot (keeps the storage).
   void ResetForUse();
 
@@ -96,10 +94,10 @@ class Connection {
   bool known = false;
   int job_index = -1;
   uint16_t peer_rank = 0;
-  SockAddr addr;            // dialer: where to connect
+  SockAddr addr;                // dialer: where to connect
   TimeNs attempt_deadline = 0;  // current connect/handshake attempt (or linger) gives up at
   TimeNs retry_at = 0;
-  TimeNs give_up_at = 0;    // connect_deadline measured from Connect_st
+  TimeNs give_up_at = 0;  // connect_deadline measured from Connect_st
   TimeNs backoff = 0;
   TimeNs last_progress = 0;
   absl::Status last_error;  // last connect failure (for the final message)

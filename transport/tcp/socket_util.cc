@@ -53,7 +53,8 @@ absl::StatusOr<SockAddr> ParseHostPort(std::string_view host_port) {
     const size_t close = host_port.find(']');
     if (close == std::string_view::npos || close + 1 >= host_port.size() ||
         host_port[close + 1] != ':') {
-      return absl::InvalidArgumentError(absl::StrCat("bad address '", std::string(host_port), "' (want [v6]:port)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad address '", std::string(host_port), "' (want [v6]:port)"));
     }
     host = host_port.substr(1, close - 1);
     port_text = host_port.substr(close + 2);
@@ -67,9 +68,12 @@ absl::StatusOr<SockAddr> ParseHostPort(std::string_view host_port) {
     port_text = host_port.substr(colon + 1);
   }
   unsigned port = 0;
-  const auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-  if (ec != std::errc() || end != port_text.data() + port_text.size() || port == 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("bad port in address '", std::string(host_port), "'"));
+  const auto [end, ec] =
+      std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (ec != std::errc() || end != port_text.data() + port_text.size() || port == 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad port in address '", std::string(host_port), "'"));
   }
   return MakeSockAddr(host, static_cast<uint16_t>(port));
 }
@@ -85,15 +89,18 @@ absl::StatusOr<int> OpenListener(const SockAddr& addr, int backlog) {
     const int err = errno;
     close(fd);
     if (err == EADDRINUSE) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot listen on ", addr.text, ": address already in use (is another gradlaned running?)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot listen on ", addr.text,
+                       ": address already in use (is another gradlaned running?)"));
     }
-    return absl::FailedPreconditionError(absl::StrCat("cannot bind ", addr.text, ": ", ErrnoText(err)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot bind ", addr.text, ": ", ErrnoText(err)));
   }
   if (listen(fd, backlog) != 0) {
     const int err = errno;
     close(fd);
-    return absl::FailedPreconditionError(absl::StrCat("cannot listen on ", addr.text, ": ", ErrnoText(err)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot listen on ", addr.text, ": ", ErrnoText(err)));
   }
   return fd;
 }

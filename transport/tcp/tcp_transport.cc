@@ -30,10 +30,13 @@ constexpr TimeNs kMaxLinger = 1 * sched::kSecond;
 
 size_t RxWant(const Connection& c) {
   switch (c.rx_state) {
-    case RxState::kHeader: return kFrameHeaderBytes - c.rx_got;
-    case RxState::kBody: return c.rx_header.payload_bytes - c.rx_got;
+    case RxState::kHeader:
+      return kFrameHeaderBytes - c.rx_got;
+    case RxState::kBody:
+      return c.rx_header.payload_bytes - c.rx_got;
     case RxState::kPayload:
-    case RxState::kDiscard: return c.rx_header.length - c.rx_got;
+    case RxState::kDiscard:
+      return c.rx_header.length - c.rx_got;
   }
   return 0;
 }
@@ -41,7 +44,7 @@ size_t RxWant(const Connection& c) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(const TransportOptions& options,
-                                                                    TransportHandler* handler) {
+                                                                   TransportHandler* handler) {
   if (handler == nullptr) return absl::InvalidArgumentError("transport needs a handler");
   if (options.max_connections == 0 || options.max_connections > kMaxConnections) {
     return absl::InvalidArgumentError(
@@ -54,7 +57,8 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(const Transpo
     return absl::InvalidArgumentError("max_pending_sends_per_peer must be in [1, 2^20]");
   }
   if (options.max_segment_bytes == 0 || options.max_segment_bytes > 0xFFFFFFFFull) {
-    return absl::InvalidArgumentError("max_segment_bytes must be in [1, 2^32-1] (32-bit on the wire)");
+    return absl::InvalidArgumentError(
+        "max_segment_bytes must be in [1, 2^32-1] (32-bit on the wire)");
   }
   if (options.peer_timeout <= 0 || options.connect_attempt_timeout <= 0 ||
       options.connect_initial_backoff <= 0 || options.connect_max_backoff <= 0 ||
@@ -113,7 +117,8 @@ absl::Status TcpTransport::AddJob_st(const JobCredentials& job) { return jobs_.A
 absl::Status TcpTransport::RemoveJob_st(uint64_t job_id) {
   return jobs_.Remove(job_id, [&](int j, const absl::Status& why) {
     conns_.ForEach([&](Connection& c) {
-      if (c.state != ConnState::kFree && c.state != ConnState::kDead && c.job_index == j) Teardown(c, why);
+      if (c.state != ConnState::kFree && c.state != ConnState::kDead && c.job_index == j)
+        Teardown(c, why);
     });
   });
 }
@@ -155,7 +160,9 @@ absl::StatusOr<RegionId> TcpTransport::RegisterRegion_st(void* base, uint64_t by
   return regions_.Register(base, bytes);
 }
 
-absl::Status TcpTransport::UnregisterRegion_st(RegionId region) { return regions_.Unregister(region); }
+absl::Status TcpTransport::UnregisterRegion_st(RegionId region) {
+  return regions_.Unregister(region);
+}
 
 // ---- data path --------------------------------------------------------------------------------
 
@@ -165,7 +172,8 @@ absl::Status TcpTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
     return absl::NotFoundError("peer handle is not connected");
   }
   if (c->RingFull()) return absl::ResourceExhaustedError("peer send queue full");
-  const absl::StatusOr<const uint8_t*> payload = regions_.ResolveSend(spec, options_.max_segment_bytes);
+  const absl::StatusOr<const uint8_t*> payload =
+      regions_.ResolveSend(spec, options_.max_segment_bytes);
   if (!payload.ok()) return payload.status();
   const bool was_idle = !c->HasPending();
   const JobTable::Entry& job = jobs_[c->job_index];
@@ -220,7 +228,9 @@ void TcpTransport::HandleEvent(Connection& c, uint32_t events, TimeNs now) {
     if ((events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) == 0) return;
     const int err = ConnectResult(c.fd);
     if (err != 0) {
-      AttemptFailed(c, absl::UnavailableError(absl::StrCat("connect to ", c.addr.text, ": ", ErrnoText(err))), now);
+      AttemptFailed(
+          c, absl::UnavailableError(absl::StrCat("connect to ", c.addr.text, ": ", ErrnoText(err))),
+          now);
       return;
     }
     OnConnected(c, now);
@@ -247,9 +257,15 @@ void TcpTransport::ReadSome(Connection& c, TimeNs now) {
       }
       want = RxWant(c);
       switch (c.rx_state) {
-        case RxState::kHeader: dst = reinterpret_cast<uint8_t*>(&c.rx_header) + c.rx_got; break;
-        case RxState::kBody: dst = c.rx_body.data() + c.rx_got; break;
-        case RxState::kPayload: dst = c.rx_dst + c.rx_got; break;
+        case RxState::kHeader:
+          dst = reinterpret_cast<uint8_t*>(&c.rx_header) + c.rx_got;
+          break;
+        case RxState::kBody:
+          dst = c.rx_body.data() + c.rx_got;
+          break;
+        case RxState::kPayload:
+          dst = c.rx_dst + c.rx_got;
+          break;
         case RxState::kDiscard:
         default:
           dst = discard_.data();
@@ -265,7 +281,8 @@ void TcpTransport::ReadSome(Connection& c, TimeNs now) {
       if (c.rx_state == RxState::kPayload || c.rx_state == RxState::kDiscard) {
         if (c.rx_got < c.rx_header.length) continue;
         if (!OnPayloadDone(c, now)) return;
-      } else if (c.rx_got == (c.rx_state == RxState::kHeader ? kFrameHeaderBytes : c.rx_header.payload_bytes)) {
+      } else if (c.rx_got ==
+                 (c.rx_state == RxState::kHeader ? kFrameHeaderBytes : c.rx_header.payload_bytes)) {
         if (!(c.rx_state == RxState::kHeader ? OnHeader(c, now) : OnBody(c, now))) return;
       }
       continue;
@@ -275,15 +292,18 @@ void TcpTransport::ReadSome(Connection& c, TimeNs now) {
     const int err = r < 0 ? errno : 0;
     if (c.state == ConnState::kHelloSent) {
       // The listener closed before answering (e.g. it is shutting down): worth another try.
-      AttemptFailed(c, absl::UnavailableError(absl::StrCat("handshake with ", c.addr.text, ": ",
-                                                           err ? ErrnoText(err) : "connection closed")),
-                    now);
+      AttemptFailed(
+          c,
+          absl::UnavailableError(absl::StrCat("handshake with ", c.addr.text, ": ",
+                                              err ? ErrnoText(err) : "connection closed")),
+          now);
       return;
     }
     if (c.state == ConnState::kEstablished) counters_.peer_resets.Add_st(1);
     Teardown(c, absl::UnavailableError(absl::StrCat(
                     "peer ", c.inbound ? "(inbound)" : c.addr.text, " rank ", c.peer_rank, " ",
-                    err ? absl::StrCat("connection error: ", ErrnoText(err)) : "closed the connection")));
+                    err ? absl::StrCat("connection error: ", ErrnoText(err))
+                        : "closed the connection")));
     return;
   }
   MarkDirty(c);  // budget spent with input possibly left: epoll is level-triggered, we'll be back
@@ -293,15 +313,18 @@ bool TcpTransport::OnHeader(Connection& c, TimeNs now) {
   c.rx_got = 0;
   const FrameHeader& h = c.rx_header;
   const WireError e = CheckHeader(h, options_.max_segment_bytes);
-  const FrameType reply = c.state == ConnState::kAwaitHello ? FrameType::kReject : FrameType::kGoodbye;
+  const FrameType reply =
+      c.state == ConnState::kAwaitHello ? FrameType::kReject : FrameType::kGoodbye;
   if (e != WireError::kNone) {
     Refuse(c, reply, e, ValidateHeader(h, options_.max_segment_bytes), now);
     return false;
   }
   const FrameType type = TypeOf(h);
   auto unexpected = [&](std::string_view where) {
-    Refuse(c, reply, WireError::kUnexpectedFrame,
-           absl::InvalidArgumentError(absl::StrFormat("unexpected frame type %d %s", h.type, where)), now);
+    Refuse(
+        c, reply, WireError::kUnexpectedFrame,
+        absl::InvalidArgumentError(absl::StrFormat("unexpected frame type %d %s", h.type, where)),
+        now);
     return false;
   };
   switch (c.state) {
@@ -333,7 +356,8 @@ bool TcpTransport::OnHeader(Connection& c, TimeNs now) {
   }
   if (h.job_id != jobs_[c.job_index].creds.job_id) {
     Refuse(c, FrameType::kGoodbye, WireError::kUnknownJob,
-           absl::InvalidArgumentError(absl::StrCat("frame for job ", h.job_id, " on a connection of job ",
+           absl::InvalidArgumentError(absl::StrCat("frame for job ", h.job_id,
+                                                   " on a connection of job ",
                                                    jobs_[c.job_index].creds.job_id)),
            now);
     return false;
@@ -394,8 +418,10 @@ bool TcpTransport::OnBody(Connection& c, TimeNs now) {
   }
   // kReject or kGoodbye: a code and a reason. A refusal is final (wrong token, job, version,
   // rank): retrying cannot fix it, so it tears down rather than backing off.
-  const PeerError error = ParseErrorPayload(std::span<const uint8_t>(c.rx_body.data(), h.payload_bytes));
-  Teardown(c, PeerClosedStatus(type, error, c.inbound ? absl::StrCat("rank ", c.peer_rank) : c.addr.text));
+  const PeerError error =
+      ParseErrorPayload(std::span<const uint8_t>(c.rx_body.data(), h.payload_bytes));
+  Teardown(c, PeerClosedStatus(type, error,
+                               c.inbound ? absl::StrCat("rank ", c.peer_rank) : c.addr.text));
   return false;
 }
 
@@ -432,14 +458,15 @@ bool TcpTransport::OnAck(Connection& c, TimeNs now) {
   if (h.seq != s.header.seq || h.key != s.header.key || h.iteration != s.header.iteration ||
       h.offset != s.header.offset || h.length != s.header.length) {
     Refuse(c, FrameType::kGoodbye, WireError::kUnexpectedFrame,
-           absl::InvalidArgumentError(absl::StrFormat(
-               "ack out of order: got seq %d key %d, expected seq %d key %d", h.seq, h.key,
-               s.header.seq, s.header.key)),
+           absl::InvalidArgumentError(
+               absl::StrFormat("ack out of order: got seq %d key %d, expected seq %d key %d", h.seq,
+                               h.key, s.header.seq, s.header.key)),
            now);
     return false;
   }
   ++c.ack_idx;
-  report_.SendAcked(HandleOf(c), c.peer_rank, c.counters, s, (h.flags & kFlagAckRejected) != 0, now);
+  report_.SendAcked(HandleOf(c), c.peer_rank, c.counters, s, (h.flags & kFlagAckRejected) != 0,
+                    now);
   return c.state == ConnState::kEstablished;
 }
 
@@ -466,11 +493,15 @@ void TcpTransport::Flush(Connection& c, TimeNs now) {
       }
       const int err = errno;
       if (c.state == ConnState::kHelloSent) {
-        AttemptFailed(c, absl::UnavailableError(absl::StrCat("handshake with ", c.addr.text, ": ", ErrnoText(err))), now);
+        AttemptFailed(c,
+                      absl::UnavailableError(
+                          absl::StrCat("handshake with ", c.addr.text, ": ", ErrnoText(err))),
+                      now);
         return;
       }
       if (c.state == ConnState::kEstablished) counters_.peer_resets.Add_st(1);
-      Teardown(c, absl::UnavailableError(absl::StrCat("send to peer rank ", c.peer_rank, ": ", ErrnoText(err))));
+      Teardown(c, absl::UnavailableError(
+                      absl::StrCat("send to peer rank ", c.peer_rank, ": ", ErrnoText(err))));
       return;
     }
     c.last_progress = now;
@@ -588,9 +619,10 @@ void TcpTransport::CheckTimers(TimeNs now) {
       case ConnState::kBackoff:
         if (now < c.retry_at) break;
         if (now >= c.give_up_at) {
-          Teardown(c, absl::DeadlineExceededError(absl::StrCat(
-                          "could not connect to ", c.addr.text, " within ",
-                          options_.connect_deadline / sched::kMillisecond, " ms: ", c.last_error.message())));
+          Teardown(c, absl::DeadlineExceededError(
+                          absl::StrCat("could not connect to ", c.addr.text, " within ",
+                                       options_.connect_deadline / sched::kMillisecond,
+                                       " ms: ", c.last_error.message())));
         } else {
           counters_.connect_retries.Add_st(1);
           StartAttempt(c, now);
@@ -599,7 +631,10 @@ void TcpTransport::CheckTimers(TimeNs now) {
       case ConnState::kConnecting:
       case ConnState::kHelloSent:
         if (now >= c.attempt_deadline) {
-          AttemptFailed(c, absl::DeadlineExceededError(absl::StrCat("attempt to reach ", c.addr.text, " timed out")), now);
+          AttemptFailed(c,
+                        absl::DeadlineExceededError(
+                            absl::StrCat("attempt to reach ", c.addr.text, " timed out")),
+                        now);
         }
         break;
       case ConnState::kAwaitHello:
@@ -647,19 +682,24 @@ void TcpTransport::Refuse(Connection& c, FrameType type, WireError code, const a
   const uint64_t job_id = c.job_index >= 0 ? jobs_[c.job_index].creds.job_id : c.rx_header.job_id;
   const uint16_t rank = c.job_index >= 0 ? jobs_[c.job_index].creds.local_rank : 0;
   const absl::string_view text = why.message();  // not std::string_view in this absl
-  const ErrorFrame f = MakeErrorFrame(type, job_id, rank, code, std::string_view(text.data(), text.size()));
+  const ErrorFrame f =
+      MakeErrorFrame(type, job_id, rank, code, std::string_view(text.data(), text.size()));
   c.AppendCtrl(f.header, &f.payload, f.header.payload_bytes);
   MarkDirty(c);
 }
 
 void TcpTransport::FailPendingAndReportDown(Connection& c, const absl::Status& why) {
-  // The ring in post order: [ack_idx, write_idx) is unacknowledged, [write_idx, post_idx) unwritten.
-  report_.FailPendingAndReportDown(InfoOf(c), c.known, c.counters, [&c]() -> const PendingSend* {
-    if (c.ack_idx == c.post_idx) return nullptr;
-    const PendingSend* s = &c.Slot(c.ack_idx++);
-    c.write_idx = std::max(c.write_idx, c.ack_idx);
-    return s;
-  }, why);
+  // The ring in post order: [ack_idx, write_idx) is unacknowledged, [write_idx, post_idx)
+  // unwritten.
+  report_.FailPendingAndReportDown(
+      InfoOf(c), c.known, c.counters,
+      [&c]() -> const PendingSend* {
+        if (c.ack_idx == c.post_idx) return nullptr;
+        const PendingSend* s = &c.Slot(c.ack_idx++);
+        c.write_idx = std::max(c.write_idx, c.ack_idx);
+        return s;
+      },
+      why);
 }
 
 void TcpTransport::Teardown(Connection& c, const absl::Status& why) {

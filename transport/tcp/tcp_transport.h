@@ -44,7 +44,7 @@ class TcpTransport final : public Transport {
  public:
   // Validates options and preallocates everything. `handler` must outlive the transport.
   static absl::StatusOr<std::unique_ptr<TcpTransport>> Create(const TransportOptions& options,
-                                                               TransportHandler* handler);
+                                                              TransportHandler* handler);
   // Closes every socket. No callbacks: the engine that owns the transport is going away.
   ~TcpTransport();
   TcpTransport(const TcpTransport&) = delete;
@@ -153,7 +153,6 @@ class TcpTransport final : public Transport {
   TransportCounters counters_;
   Completions report_{handler_, &counters_};
 };
-
 
 }  // namespace gradlane::transport::tcp
 

@@ -52,8 +52,10 @@ AdminLimits Limits() {
 
 TEST(ParseAdminRequestTest, EveryCommand) {
   for (const auto& [line, cmd] :
-       {std::pair{"{\"cmd\":\"status\"}", AdminCmd::kStatus}, {"{\"cmd\":\"jobs\"}\n", AdminCmd::kJobs},
-        {"{\"cmd\":\"peers\"}\r\n", AdminCmd::kPeers}, {"{\"cmd\":\"queues\"}", AdminCmd::kQueues},
+       {std::pair{"{\"cmd\":\"status\"}", AdminCmd::kStatus},
+        {"{\"cmd\":\"jobs\"}\n", AdminCmd::kJobs},
+        {"{\"cmd\":\"peers\"}\r\n", AdminCmd::kPeers},
+        {"{\"cmd\":\"queues\"}", AdminCmd::kQueues},
         {"{\"cmd\":\"bandwidth\",\"extra\":[1,2]}", AdminCmd::kBandwidth}}) {
     auto r = ParseAdminRequest(line, Limits());
     ASSERT_TRUE(r.ok()) << line << ": " << r.status();
@@ -111,7 +113,7 @@ TEST(ParseAdminRequestTest, RangesAndShapes) {
       {R"({"cmd":"trace","job":"j","max_spans":1001})", "1..1000"},
       {R"({"cmd":"trace","job":"j","max_spans":-9223372036854775808})", "1..1000"},
       {"{\"cmd\":\"trace\",\"job\":\"\xff\"}", "not valid JSON"},  // invalid UTF-8
-      {R"({"cmd":1e999})", "not valid JSON"},                       // number overflow
+      {R"({"cmd":1e999})", "not valid JSON"},                      // number overflow
   };
   for (const CrashCase& c : cases) {
     auto r = ParseAdminRequest(c.line, Limits());

@@ -209,7 +209,7 @@ TEST(HalfTest, NarrowingRoundsToNearestEvenAtEveryTie) {
   EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -24)), 0x0001u);  // smallest subnormal
   EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000u);  // tie with zero: even
   EXPECT_EQ(F32ToF16(std::ldexp(1.5f, -25)), 0x0001u);
-  EXPECT_EQ(F32ToF16(-std::ldexp(1.0f, -30)), 0x8000u);  // signed zero
+  EXPECT_EQ(F32ToF16(-std::ldexp(1.0f, -30)), 0x8000u);    // signed zero
   EXPECT_EQ(F32ToF16(std::ldexp(1023.0f, -24)), 0x03ffu);  // largest subnormal
   EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -14)), 0x0400u);     // smallest normal
   EXPECT_EQ(F32ToBf16(std::numeric_limits<float>::max()), 0x7f80u);
@@ -263,8 +263,9 @@ TEST(AggregatorTest, VectorConversionsMatchScalarForAllPatterns) {
 }
 
 // The mean of two adjacent 16-bit values is exactly their midpoint in f32 (the sum needs at
-// most 12 significant bits and stays finite, halving is exact), so this drives a rounding tie through every
-// kernel's narrowing for every positive and negative finite pattern: RNE must pick the even one.
+// most 12 significant bits and stays finite, halving is exact), so this drives a rounding tie
+// through every kernel's narrowing for every positive and negative finite pattern: RNE must pick
+// the even one.
 TEST(AggregatorTest, VectorNarrowingRoundsEveryTieToEven) {
   for (DType d : {DType::kF16, DType::kBF16}) {
     // f16: every pair below infinity. bf16 shares f32's exponent range, so pairs in the top
@@ -288,8 +289,8 @@ TEST(AggregatorTest, VectorNarrowingRoundsEveryTieToEven) {
                                     reinterpret_cast<std::byte*>(out.data()), isa)
                       .ok());
       for (size_t i = 0; i < out.size(); ++i) {
-        ASSERT_EQ(out[i], even[i]) << sched::DTypeName(d) << " " << KernelIsaName(isa)
-                                   << std::hex << " lo=" << lo[i];
+        ASSERT_EQ(out[i], even[i])
+            << sched::DTypeName(d) << " " << KernelIsaName(isa) << std::hex << " lo=" << lo[i];
       }
     }
   }
@@ -394,8 +395,8 @@ TEST(AggregatorTest, ArrivalOrderNeverChangesTheBits) {
 }
 
 TEST(AggregatorTest, MeanIsF32SumDividedByWorldSize) {
-  const std::vector<std::vector<float>> ranks = {{1, -2, 0.1f, 1e30f}, {2, 2, 0.2f, 1e30f},
-                                                 {3, 5, 0.3f, 1e30f}, {4, 8, 0.4f, 1e30f}};
+  const std::vector<std::vector<float>> ranks = {
+      {1, -2, 0.1f, 1e30f}, {2, 2, 0.2f, 1e30f}, {3, 5, 0.3f, 1e30f}, {4, 8, 0.4f, 1e30f}};
   std::vector<std::vector<std::byte>> in;
   for (const auto& v : ranks) {
     in.emplace_back(v.size() * 4);
@@ -418,9 +419,9 @@ TEST(AggregatorTest, MeanIsF32SumDividedByWorldSize) {
   std::memcpy(h[2].data(), &two, 2);
   uint16_t mean = 0;
   auto hp = Pointers(h);
-  ASSERT_TRUE(ReduceInRankOrder(DType::kF16, hp, 2, ReduceOp::kMean,
-                                reinterpret_cast<std::byte*>(&mean))
-                  .ok());
+  ASSERT_TRUE(
+      ReduceInRankOrder(DType::kF16, hp, 2, ReduceOp::kMean, reinterpret_cast<std::byte*>(&mean))
+          .ok());
   EXPECT_EQ(mean, RefF32ToF16(5.0f / 3.0f));
   EXPECT_NEAR(RefF16ToF32(mean), 5.0 / 3.0, 1e-3);
 }
@@ -487,9 +488,8 @@ TEST(AggregatorTest, BothKernelsAgreeBitForBit) {
     for (int r = 0; r < 9; ++r) in.push_back(RandomBuffer(rng, d, 100'003));
     auto p = Pointers(in);
     std::vector<std::byte> x(in[0].size()), y(in[0].size());
-    ASSERT_TRUE(ReduceInRankOrder(d, p, x.size(), ReduceOp::kMean, x.data(),
-                                  KernelIsa::kBaseline)
-                    .ok());
+    ASSERT_TRUE(
+        ReduceInRankOrder(d, p, x.size(), ReduceOp::kMean, x.data(), KernelIsa::kBaseline).ok());
     ASSERT_TRUE(
         ReduceInRankOrder(d, p, y.size(), ReduceOp::kMean, y.data(), KernelIsa::kAvx2).ok());
     EXPECT_EQ(x, y) << sched::DTypeName(d);

@@ -115,8 +115,8 @@ class Cluster {
   void AddEngine(int i) {
     EngineOptions o = base_;
     if (tweak_) tweak_(i, o);
-    o.sessions.socket_path =
-        absl::StrCat("/tmp/gl-engine-test-", ::getpid(), "-", tag_, "-", i, "-", generation_++, ".sock");
+    o.sessions.socket_path = absl::StrCat("/tmp/gl-engine-test-", ::getpid(), "-", tag_, "-", i,
+                                          "-", generation_++, ".sock");
     o.transport.listen_address = absl::StrCat("h", i);
     o.transport.listen_port = 1;
     auto e = FakeEngine::Create(o, [this](const transport::TransportOptions& to,
@@ -198,7 +198,8 @@ uint64_t SplitMix(uint64_t x) {
 
 // A value whose magnitude varies over decades, so the order of additions shows in the bits.
 float Value(uint64_t seed, int rank, int64_t iter, size_t tensor, size_t i) {
-  const uint64_t h = SplitMix(seed ^ SplitMix(rank * 1000003ull + iter * 7919ull + tensor * 131ull + i));
+  const uint64_t h =
+      SplitMix(seed ^ SplitMix(rank * 1000003ull + iter * 7919ull + tensor * 131ull + i));
   const double unit = static_cast<double>(h >> 11) / static_cast<double>(1ull << 53) * 2 - 1;
   const int exp = static_cast<int>((h >> 3) % 12) - 6;
   return static_cast<float>(unit * std::ldexp(1.0, exp));
@@ -320,7 +321,8 @@ class RankClient {
   }
 
   // Fills tensor `ti` with this rank's values of `iter` and posts bytes [offset, offset+length).
-  int PostRange(const JobSpec& job, int rank, int64_t iter, size_t ti, uint64_t offset, uint64_t length) {
+  int PostRange(const JobSpec& job, int rank, int64_t iter, size_t ti, uint64_t offset,
+                uint64_t length) {
     Fill(job.tensors[ti], bufs_[ti], job.seed, rank, iter, ti);
     return gl_post(c_, ids_[ti], iter, offset, length, ti);
   }
@@ -412,7 +414,8 @@ std::vector<std::vector<int>> PostOneIterationPerRank(C& cluster, const JobSpec&
   for (int r = 0; r < job.world; ++r) {
     threads.emplace_back([&, r] {
       RankClient c;
-      ASSERT_EQ(c.Setup(cluster.socket(r), job, r, r == wrong_token_rank ? wrong_token : ""), GL_OK);
+      ASSERT_EQ(c.Setup(cluster.socket(r), job, r, r == wrong_token_rank ? wrong_token : ""),
+                GL_OK);
       const int n = c.Post(job, r, 0, 0, job.tensors.size());
       statuses[r] = c.Wait(n);
       EXPECT_EQ(static_cast<int>(statuses[r].size()), n) << "rank " << r;
@@ -446,7 +449,10 @@ TEST(EngineTest, FifoTensorsBeyondOneEnginePartitionAreExact) {
   // travel under its part's key, which the receiver checks against the offset, not under the
   // policy's one-partition key (vgg16's 400 MB tensor failed every fifo job this way).
   Cluster cluster(2, TestOptions("fifo"), "fifobig");
-  JobSpec job{"fifobig", 2, "fifo", "secret",
+  JobSpec job{"fifobig",
+              2,
+              "fifo",
+              "secret",
               {{"big", kMaxEnginePartitionBytes + 4096, GL_DTYPE_F32, 0},
                {"small", 4096, GL_DTYPE_F32, 1}},
               7};
@@ -495,8 +501,12 @@ TEST(EngineTest, PushesFoldedPieceByPieceAreBitExact) {
         if (mean) o.reduce = ps::ReduceOp::kMean;
         Cluster cluster(world, o, absl::StrCat("fold", world, "-", piece, mean ? "m" : "s"));
         cluster.SetPieceBytes(piece);
-        JobSpec job{absl::StrCat("job-fold-", world, "-", piece, mean ? "m" : "s"), world,
-                    "bytescheduler", "secret", AwkwardTensors(), 11};
+        JobSpec job{absl::StrCat("job-fold-", world, "-", piece, mean ? "m" : "s"),
+                    world,
+                    "bytescheduler",
+                    "secret",
+                    AwkwardTensors(),
+                    11};
         RunJob(cluster, job, 3, mean);
         uint64_t folded = 0, reduced = 0;
         for (int i = 0; i < world; ++i) {
@@ -524,8 +534,12 @@ TEST(EngineTest, FoldingThatStartsMidStreamCatchesUpOnThePlacedPrefix) {
     cluster.SetPieceBytes(piece);
     // "warmup" brings the job up on both daemons; "two_parts" has one partition per rank, and
     // the split points fall inside them.
-    JobSpec job{absl::StrCat("job-foldlate-", piece), 2, "bytescheduler", "secret",
-                {{"warmup", 64, GL_DTYPE_F32, 1}, {"two_parts", 2 * kPartition, GL_DTYPE_F32, 1}}, 5};
+    JobSpec job{absl::StrCat("job-foldlate-", piece),
+                2,
+                "bytescheduler",
+                "secret",
+                {{"warmup", 64, GL_DTYPE_F32, 1}, {"two_parts", 2 * kPartition, GL_DTYPE_F32, 1}},
+                5};
     RankClient c0, c1;
     ASSERT_EQ(c0.Setup(cluster.socket(0), job, 0), GL_OK);
     ASSERT_EQ(c1.Setup(cluster.socket(1), job, 1), GL_OK);
@@ -544,7 +558,9 @@ TEST(EngineTest, FoldingThatStartsMidStreamCatchesUpOnThePlacedPrefix) {
     }));
     ASSERT_EQ(c0.PostRange(job, 0, 0, 1, 0, GL_WHOLE_TENSOR), GL_OK);
     // Rank 0's post was taken: it pushed rank 1's partition.
-    ASSERT_TRUE(cluster.WaitFor(0, [&](const EngineStats& s) { return s.segments_sent > before.segments_sent; }));
+    ASSERT_TRUE(cluster.WaitFor(0, [&](const EngineStats& s) {
+      return s.segments_sent > before.segments_sent;
+    }));
     ASSERT_EQ(c1.PostRange(job, 1, 0, 1, split, kPartition - split), GL_OK);
     ASSERT_EQ(c1.PostRange(job, 1, 0, 1, kPartition + split, kPartition - split), GL_OK);
     ASSERT_EQ(c0.Wait(1), std::vector<int>({GL_OK}));
@@ -700,8 +716,8 @@ void LeaveBetweenIterationsCase(const std::string& tag, bool wait_for_leave) {
     }
     if (wait_for_leave) {
       WaitUntil([&] { return left.load(); });
-      EXPECT_TRUE(cluster.WaitFor(1, [](const EngineStats& s) { return s.jobs_released == 1; },
-                                  std::chrono::seconds(30)));
+      EXPECT_TRUE(cluster.WaitFor(
+          1, [](const EngineStats& s) { return s.jobs_released == 1; }, std::chrono::seconds(30)));
     }
     PostIterationOne(job, r, c, res[r]);
   });
@@ -778,7 +794,8 @@ TEST(EngineTest, ClientKilledWithSigkillMidIteration) {
 
 void PeerDownCase(bool silent) {
   Cluster cluster(3, TestOptions(), silent ? "silent" : "loud");
-  JobSpec job{silent ? "job-silent" : "job-loud", 3, "bytescheduler", "secret", AwkwardTensors(), 9};
+  JobSpec job{
+      silent ? "job-silent" : "job-loud", 3, "bytescheduler", "secret", AwkwardTensors(), 9};
   std::vector<SurvivorResult> res(3);
   std::atomic<int> done0{0};
   std::atomic<bool> killed{false};
@@ -808,7 +825,8 @@ void PeerDownCase(bool silent) {
   }
   // The dead daemon restarts; a new job over all three works.
   cluster.Restart(2);
-  JobSpec next{silent ? "job-silent-2" : "job-loud-2", 3, "prophet", "secret", AwkwardTensors(), 10};
+  JobSpec next{
+      silent ? "job-silent-2" : "job-loud-2", 3, "prophet", "secret", AwkwardTensors(), 10};
   RunJob(cluster, next, 2, false);
 }
 
@@ -869,7 +887,8 @@ TEST(EngineTest, DaemonsWithDifferentPartitionSizesOrReduceOpsRefuseTheJob) {
       if (variant == 0) o.partition_bytes = 2 * kPartition;
       if (variant == 1) o.reduce = ps::ReduceOp::kMean;
     });
-    JobSpec job{absl::StrCat("job-knobs", variant), 2, "bytescheduler", "secret", AwkwardTensors(), 16};
+    JobSpec job{
+        absl::StrCat("job-knobs", variant), 2, "bytescheduler", "secret", AwkwardTensors(), 16};
     const std::vector<std::vector<int>> st = PostOneIterationPerRank(cluster, job);
     for (int r = 0; r < 2; ++r) {
       for (int s : st[r]) EXPECT_NE(s, GL_OK) << "variant " << variant;
@@ -921,7 +940,8 @@ class TcpCluster {
   TcpCluster(int n, EngineOptions base, const std::string& tag) {
     for (int i = 0; i < n; ++i) {
       EngineOptions o = base;
-      o.sessions.socket_path = absl::StrCat("/tmp/gl-engine-tcp-", ::getpid(), "-", tag, "-", i, ".sock");
+      o.sessions.socket_path =
+          absl::StrCat("/tmp/gl-engine-tcp-", ::getpid(), "-", tag, "-", i, ".sock");
       o.transport.listen_address = "127.0.0.1";
       o.transport.listen_port = 0;
       auto e = TcpEngine::Create(o, [](const transport::TransportOptions& to,
@@ -1006,9 +1026,10 @@ TEST(EngineTcpTest, MalformedFramesAndWrongTokenAreRejectedAndCounted) {
   for (int r = 0; r < 2; ++r) {
     for (int s : st[r]) EXPECT_NE(s, GL_OK);
   }
-  EXPECT_GT(cluster.TransportStats(0).errors[static_cast<size_t>(transport::WireError::kAuthFailed)] +
-                cluster.TransportStats(1).errors[static_cast<size_t>(transport::WireError::kAuthFailed)],
-            0u);
+  EXPECT_GT(
+      cluster.TransportStats(0).errors[static_cast<size_t>(transport::WireError::kAuthFailed)] +
+          cluster.TransportStats(1).errors[static_cast<size_t>(transport::WireError::kAuthFailed)],
+      0u);
   // The daemons still serve a correct job.
   JobSpec ok{"tcp-after", 2, "p3", "right", AwkwardTensors(), 23, cluster.peers()};
   RunJob(cluster, ok, 2, false);
@@ -1058,7 +1079,6 @@ TEST(EngineTcpTest, PeerDaemonStoppingFailsPendingPosts) {
   }
 }
 
-
 // A dial that is abandoned mid-handshake, after the late rank's job became known: the dialer's
 // per-attempt timeout ran out while the acceptor's engine thread was busy activating the job, so
 // the acceptor accepts the hello (the inbound connection comes up) and then sees it closed. That
@@ -1104,7 +1124,8 @@ TEST(EngineTcpTest, DialAbandonedMidHandshakeIsRetriedNotFatal) {
     ASSERT_EQ(::write(fd, msg, sizeof(msg)), static_cast<ssize_t>(sizeof(msg)));
     if (read_reply) {
       transport::FrameHeader reply{};
-      ASSERT_EQ(::recv(fd, &reply, sizeof(reply), MSG_WAITALL), static_cast<ssize_t>(sizeof(reply)));
+      ASSERT_EQ(::recv(fd, &reply, sizeof(reply), MSG_WAITALL),
+                static_cast<ssize_t>(sizeof(reply)));
       ASSERT_EQ(transport::TypeOf(reply), transport::FrameType::kHelloOk);
     }
     ::close(fd);

@@ -31,7 +31,7 @@ TEST(CheckHelloTest, DefaultsAndLimits) {
   EXPECT_EQ(c.ring_slots, 1024u);
   EXPECT_EQ(c.arena_bytes, uint64_t{64} << 20);
   gl_hello h = Valid();
-  h.ring_slots = 100;  // rounded up to a power of two
+  h.ring_slots = 100;                 // rounded up to a power of two
   h.arena_bytes = uint64_t{8} << 30;  // capped
   c = Check(h);
   EXPECT_EQ(c.ring_slots, 128u);

@@ -12,12 +12,12 @@
 #include "libclient/gradlane.h"
 
 static int failures = 0;
-#define CHECK(cond)                                                   \
-  do {                                                                \
-    if (!(cond)) {                                                    \
+#define CHECK(cond) \
+  do { \
+    if (!(cond)) { \
       fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                     \
-    }                                                                 \
+      ++failures; \
+    } \
   } while (0)
 
 _Static_assert(sizeof(gl_sqe) == 64, "sqe");

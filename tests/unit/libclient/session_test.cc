@@ -11,15 +11,15 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
-#include <limits>
-#include <random>
 #include <vector>
 
 #include "daemon/session.h"
@@ -226,7 +226,8 @@ TEST(Session, OneThreadPostsAnotherWaits) {
   constexpr uint64_t kPosts = 100'000;
   std::thread poster([&, &c = c, &id = id] {  // bindings by name: clang 14 cannot capture them
     for (uint64_t i = 0; i < kPosts;) {
-      const int s = gl_post(c.get(), id, static_cast<int64_t>(i), 0, 64, i);  // one post per iteration
+      const int s =
+          gl_post(c.get(), id, static_cast<int64_t>(i), 0, 64, i);  // one post per iteration
       if (s == GL_OK) {
         ++i;
       } else if (s == GL_E_AGAIN) {
@@ -275,7 +276,8 @@ TEST(Session, RegistrationErrorsAreReportedAndSessionGoesOn) {
   EXPECT_NE(std::string(gl_last_error(c.get())).find("f32"), std::string::npos)
       << gl_last_error(c.get());
   EXPECT_EQ(gl_register_tensor(c.get(), "t", 8, 7, 0, &id, &buf), GL_E_INVALID_ARGUMENT);
-  EXPECT_EQ(gl_register_tensor(c.get(), "t", 8, GL_DTYPE_F32, -5, &id, &buf), GL_E_INVALID_ARGUMENT);
+  EXPECT_EQ(gl_register_tensor(c.get(), "t", 8, GL_DTYPE_F32, -5, &id, &buf),
+            GL_E_INVALID_ARGUMENT);
   EXPECT_EQ(gl_register_tensor(c.get(), "", 8, GL_DTYPE_F32, 0, &id, &buf), GL_E_INVALID_ARGUMENT);
   EXPECT_EQ(gl_register_tensor(c.get(), "huge", uint64_t{1} << 40, GL_DTYPE_F32, 0, &id, &buf),
             GL_E_NO_MEMORY);
@@ -329,7 +331,8 @@ TEST(Session, EveryRefusedControlMessageGetsAReply) {
             GL_E_PROTOCOL);
   EXPECT_EQ(reply.header.request_id, 910u);
   EXPECT_NE(std::string(reply.message).find(std::to_string(GL_MAX_CONTROL_MESSAGE)),
-            std::string::npos) << reply.message;
+            std::string::npos)
+      << reply.message;
 
   // A message carrying 200 file descriptors (no client sends any): refused with a reply, and
   // none of them stays open in the daemon.
@@ -382,8 +385,8 @@ TEST(SocketOwnership, ASecondServerNeverTakesALiveSocket) {
   auto second = SessionServer::Create(o);
   ASSERT_FALSE(second.ok());
   EXPECT_TRUE(absl::IsAlreadyExists(second.status())) << second.status();
-  EXPECT_NE(second.status().message().find("pid " + std::to_string(::getpid())),
-            std::string::npos) << second.status();
+  EXPECT_NE(second.status().message().find("pid " + std::to_string(::getpid())), std::string::npos)
+      << second.status();
   // The first server still owns a working socket.
   ClientPtr c = Connect(env);
   EXPECT_TRUE(c);
@@ -408,8 +411,8 @@ TEST(SocketOwnership, AListenerWithoutTheLockIsNotReplacedEither) {
   auto t = SessionServer::Create(o);
   ASSERT_TRUE(t.ok()) << t.status();
   t->reset();
-  EXPECT_NE(::lstat(path.c_str(), &st), 0);                      // removed on shutdown
-  EXPECT_NE(::lstat((path + ".lock").c_str(), &st), 0);          // lock file too
+  EXPECT_NE(::lstat(path.c_str(), &st), 0);              // removed on shutdown
+  EXPECT_NE(::lstat((path + ".lock").c_str(), &st), 0);  // lock file too
   ::unlink((path + ".lock").c_str());
   ::rmdir(dir.c_str());
 }
@@ -497,7 +500,8 @@ Refused ReadRefusal(int fd, int timeout_ms = 30000) {
   Refused r;
   if (!shm::WaitReadable(fd, timeout_ms).ok()) return r;
   auto rx = shm::ReceiveMessage(fd, &r.reply, sizeof(r.reply));
-  r.got_reply = rx.ok() && rx->bytes == sizeof(r.reply) && r.reply.header.type == GL_MSG_HELLO_REPLY;
+  r.got_reply =
+      rx.ok() && rx->bytes == sizeof(r.reply) && r.reply.header.type == GL_MSG_HELLO_REPLY;
   r.reply.message[GL_MESSAGE_TEXT - 1] = '\0';
   if (shm::WaitReadable(fd, timeout_ms).ok()) {
     char b;
@@ -746,11 +750,26 @@ TEST(Validation, EveryMalformedDescriptorClassGetsAnErrorCompletion) {
       {"unknown tensor id", with([&](gl_sqe& e) { e.tensor_id = id + 1; }), GL_E_BAD_TENSOR},
       {"huge tensor id", with([](gl_sqe& e) { e.tensor_id = 0xffffffff; }), GL_E_BAD_TENSOR},
       {"zero length", with([](gl_sqe& e) { e.length = 0; }), GL_E_BAD_RANGE},
-      {"range past the end", with([](gl_sqe& e) { e.offset = 32; e.length = 64; }), GL_E_BAD_RANGE},
-      {"offset past the end", with([](gl_sqe& e) { e.offset = 65; e.length = 4; }), GL_E_BAD_RANGE},
-      {"offset+length wraps", with([](gl_sqe& e) { e.offset = 8; e.length = UINT64_MAX - 3; }),
+      {"range past the end", with([](gl_sqe& e) {
+         e.offset = 32;
+         e.length = 64;
+       }),
        GL_E_BAD_RANGE},
-      {"offset not whole f32", with([](gl_sqe& e) { e.offset = 2; e.length = 8; }), GL_E_BAD_RANGE},
+      {"offset past the end", with([](gl_sqe& e) {
+         e.offset = 65;
+         e.length = 4;
+       }),
+       GL_E_BAD_RANGE},
+      {"offset+length wraps", with([](gl_sqe& e) {
+         e.offset = 8;
+         e.length = UINT64_MAX - 3;
+       }),
+       GL_E_BAD_RANGE},
+      {"offset not whole f32", with([](gl_sqe& e) {
+         e.offset = 2;
+         e.length = 8;
+       }),
+       GL_E_BAD_RANGE},
       {"length not whole f32", with([](gl_sqe& e) { e.length = 6; }), GL_E_BAD_RANGE},
       {"negative iteration", with([](gl_sqe& e) { e.iteration = -1; }), GL_E_BAD_ITERATION},
   };
@@ -814,8 +833,8 @@ TEST(Validation, EveryMalformedDescriptorClassGetsAnErrorCompletion) {
   };
   for (const Piece& p : pieces) {
     ASSERT_EQ(gl_post(c.get(), id_dup, p.iteration, p.offset, p.length, 9), GL_OK);
-    EXPECT_EQ(WaitOne(c.get()).status, p.want) << "iteration " << p.iteration << " ["
-                                               << p.offset << ", +" << p.length << ")";
+    EXPECT_EQ(WaitOne(c.get()).status, p.want)
+        << "iteration " << p.iteration << " [" << p.offset << ", +" << p.length << ")";
   }
 
   // Wait for the whole state asserted below: the server publishes its counters after it has
@@ -889,7 +908,8 @@ TEST(Validation, FullRingBackpressureWhenClientStopsDraining) {
   uint64_t accepted = 0;
   auto post_until_full = [&] {
     int s;
-    while ((s = gl_post(c.get(), id, static_cast<int64_t>(accepted), 0, 64, accepted)) == GL_OK) ++accepted;
+    while ((s = gl_post(c.get(), id, static_cast<int64_t>(accepted), 0, 64, accepted)) == GL_OK)
+      ++accepted;
     ASSERT_EQ(s, GL_E_AGAIN);
   };
   post_until_full();
@@ -1025,9 +1045,8 @@ TEST(Hostile, KillDashNineMidStreamNoticedWithin100msAndReclaimed) {
   char x;
   ASSERT_EQ(::read(ready[0], &x, 1), 1);
   ::close(ready[0]);
-  ASSERT_TRUE(env.WaitFor([](const SessionServerStats& s) {
-    return s.sessions_active == 1 && s.posts_ok > 5000;
-  }));
+  ASSERT_TRUE(env.WaitFor(
+      [](const SessionServerStats& s) { return s.sessions_active == 1 && s.posts_ok > 5000; }));
   EXPECT_GT(env.Stats().arena_bytes_mapped, 0u);
   EXPECT_EQ(env.Stats().tensors_registered, 1u);
 
@@ -1041,8 +1060,8 @@ TEST(Hostile, KillDashNineMidStreamNoticedWithin100msAndReclaimed) {
               static_cast<long long>(
                   std::chrono::duration_cast<std::chrono::microseconds>(noticed).count()));
   const SessionServerStats s = env.Stats();
-  EXPECT_EQ(s.arena_bytes_mapped, 0u);   // arena unmapped
-  EXPECT_EQ(s.tensors_registered, 0u);   // ids gone with the session
+  EXPECT_EQ(s.arena_bytes_mapped, 0u);  // arena unmapped
+  EXPECT_EQ(s.tensors_registered, 0u);  // ids gone with the session
   EXPECT_EQ(s.clients_died, 1u);
   EXPECT_EQ(s.sessions_closed, 1u);
   int status = 0;

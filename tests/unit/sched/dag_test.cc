@@ -94,7 +94,8 @@ TEST_P(DagParseError, IsInvalidArgumentWithClearMessage) {
   EXPECT_THAT(std::string(dag.status().message()), HasSubstr(GetParam().message));
 }
 
-std::string Ops(const std::string& ops, const std::string& tensors = R"([{"name":"t","bytes":8}])") {
+std::string Ops(const std::string& ops,
+                const std::string& tensors = R"([{"name":"t","bytes":8}])") {
   return R"({"tensors":)" + tensors + R"(,"ops":[)" + ops + "]}";
 }
 
@@ -121,7 +122,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"negative bytes", Ops("", R"([{"name":"t","bytes":-4}])"), "negative bytes"},
         BadCase{"bytes wrong type", Ops("", R"([{"name":"t","bytes":"4"}])"),
                 "non-negative integer"},
-        BadCase{"duplicate tensor name", Ops("", R"([{"name":"t","bytes":1},{"name":"t","bytes":2}])"),
+        BadCase{"duplicate tensor name",
+                Ops("", R"([{"name":"t","bytes":1},{"name":"t","bytes":2}])"),
                 "duplicate tensor name 't'"},
         BadCase{"duplicate tensor id",
                 Ops("", R"([{"name":"a","bytes":1,"id":3},{"name":"b","bytes":2,"id":3}])"),
@@ -130,9 +132,11 @@ INSTANTIATE_TEST_SUITE_P(
                 Ops(R"({"name":"a","kind":"compute","duration_us":1},)"
                     R"({"name":"a","kind":"compute","duration_us":2})"),
                 "duplicate op name 'a'"},
-        BadCase{"unknown dep", Ops(R"({"name":"a","kind":"compute","duration_us":1,"deps":["ghost"]})"),
+        BadCase{"unknown dep",
+                Ops(R"({"name":"a","kind":"compute","duration_us":1,"deps":["ghost"]})"),
                 "depends on unknown op 'ghost'"},
-        BadCase{"deps wrong type", Ops(R"({"name":"a","kind":"compute","duration_us":1,"deps":"b"})"),
+        BadCase{"deps wrong type",
+                Ops(R"({"name":"a","kind":"compute","duration_us":1,"deps":"b"})"),
                 "'deps' must be an array"},
         BadCase{"self loop", Ops(R"({"name":"a","kind":"compute","duration_us":1,"deps":["a"]})"),
                 "cycle: a -> a"},
@@ -150,10 +154,12 @@ INSTANTIATE_TEST_SUITE_P(
                 Ops(R"({"name":"s","kind":"send","tensor":"t"},)"
                     R"({"name":"a","kind":"compute","duration_us":1,"deps":["s"]})"),
                 "send ops must be leaves"},
-        BadCase{"two recvs of a tensor",
-                Ops(R"({"name":"r1","kind":"recv","tensor":"t"},{"name":"r2","kind":"recv","tensor":"t"})"),
-                "has two recv ops"},
-        BadCase{"duration on a recv", Ops(R"({"name":"r","kind":"recv","tensor":"t","duration_us":3})"),
+        BadCase{
+            "two recvs of a tensor",
+            Ops(R"({"name":"r1","kind":"recv","tensor":"t"},{"name":"r2","kind":"recv","tensor":"t"})"),
+            "has two recv ops"},
+        BadCase{"duration on a recv",
+                Ops(R"({"name":"r","kind":"recv","tensor":"t","duration_us":3})"),
                 "takes no 'duration_us'"}),
     [](const ::testing::TestParamInfo<BadCase>& info) {
       std::string name = info.param.what;
@@ -164,8 +170,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(DagCreate, RejectsOutOfRangeDepAndMissingTensor) {
-  absl::StatusOr<Dag> dag =
-      Dag::Create({}, {{"a", OpKind::kCompute, 1, -1, {3}}});
+  absl::StatusOr<Dag> dag = Dag::Create({}, {{"a", OpKind::kCompute, 1, -1, {3}}});
   ASSERT_FALSE(dag.ok());
   EXPECT_THAT(std::string(dag.status().message()), HasSubstr("unknown op #3"));
 
@@ -204,8 +209,7 @@ TEST(ChainDag, FollowsTheLayerStructure) {
 TEST(ChainDag, RejectsBadLayers) {
   EXPECT_FALSE(BuildChainDag({}).ok());
   const std::vector<ChainLayer> negative = {{"a", 1, -1, 1}};
-  EXPECT_THAT(std::string(BuildChainDag(negative).status().message()),
-              HasSubstr("negative time"));
+  EXPECT_THAT(std::string(BuildChainDag(negative).status().message()), HasSubstr("negative time"));
   const std::vector<ChainLayer> dup = {{"a", 1, 1, 1}, {"a", 1, 1, 1}};
   EXPECT_THAT(std::string(BuildChainDag(dup).status().message()), HasSubstr("duplicate"));
 }

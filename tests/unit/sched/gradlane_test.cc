@@ -190,7 +190,8 @@ TEST(GradlanePolicyTest, ABacklogWaitsForRoomForAWholeMessage) {
   // 200 small gradients (4 kB, 800 kB in all), more urgent; half a message of room is free,
   // enough for several of them, not for a whole message.
   for (uint32_t i = 0; i < 200; ++i) p->OnReady(Range(i, static_cast<Priority>(i), 1, 4096), 0);
-  ASSERT_GE(p->credit_capacity() - p->charged_in_use(), GradlaneChargeBytes(4 * 4096, 375e6, kTheta));
+  ASSERT_GE(p->credit_capacity() - p->charged_in_use(),
+            GradlaneChargeBytes(4 * 4096, 375e6, kTheta));
   EXPECT_FALSE(p->NextDispatch(0, d));
   EXPECT_EQ(p->NextWakeup(0), kNever) << "only an ack can make room";
   // One slice acknowledged: a whole message of small gradients goes, in priority order.
@@ -262,7 +263,8 @@ TEST(GradlaneRulesTest, RoundsInterleaveSlicesWithinGroupsOfPartitions) {
 TEST(GradlanePolicyTest, TheRttFloorIgnoresSwingsOfTheEstimate) {
   auto p = Make(125e6);
   p->OnLinkEstimate(125e6, 100 * kMicrosecond);
-  for (uint32_t i = 0; i < 20; ++i) p->OnReady(Range(i, static_cast<Priority>(i), 1 + i % 7, 5'000'000), 0);
+  for (uint32_t i = 0; i < 20; ++i)
+    p->OnReady(Range(i, static_cast<Priority>(i), 1 + i % 7, 5'000'000), 0);
   const double swings[][2] = {{50e6, 80e-3}, {250e6, 240e-3}, {90e6, 60e-3}, {125e6, 150e-3}};
   for (const auto& [rate, rtt_s] : swings) {
     p->OnLinkEstimate(rate, static_cast<TimeNs>(rtt_s * kSecond));

@@ -49,7 +49,7 @@ TimeNs BruteForceObjective(const std::vector<PaceJob>& jobs) {
   std::map<std::pair<TimeNs, std::vector<TimeNs>>, TimeNs> memo;
   constexpr TimeNs kInf = kNever / 4;
   std::function<TimeNs(TimeNs, std::vector<TimeNs>&)> best = [&](TimeNs t,
-                                                                std::vector<TimeNs>& left) {
+                                                                 std::vector<TimeNs>& left) {
     bool done = true;
     for (TimeNs l : left) done &= (l == 0);
     if (done) return TimeNs{0};
@@ -87,8 +87,8 @@ Dag RandomDag(std::mt19937& rng, int k) {
   std::vector<DagTensor> tensors;
   std::vector<DagOp> ops;
   for (int t = 0; t < k; ++t) {
-    tensors.push_back({"t" + std::to_string(t), static_cast<uint32_t>(t),
-                       static_cast<uint64_t>(bytes(rng))});
+    tensors.push_back(
+        {"t" + std::to_string(t), static_cast<uint32_t>(t), static_cast<uint64_t>(bytes(rng))});
     ops.push_back({"recv" + std::to_string(t), OpKind::kRecv, 0, t, {}});
   }
   const int first_compute = static_cast<int>(ops.size());
@@ -159,7 +159,8 @@ TEST(PaceHorn, EqualsBruteForceOnRandomDags) {
     for (TimeNs t = 0; unfinished > 0; ++t) {
       int pick = -1;
       for (int i = 0; i < k; ++i) {
-        if (left[i] > 0 && inst.jobs[i].release <= t && (pick < 0 || prio[i] < prio[pick])) pick = i;
+        if (left[i] > 0 && inst.jobs[i].release <= t && (pick < 0 || prio[i] < prio[pick]))
+          pick = i;
       }
       if (pick >= 0 && --left[pick] == 0) done[pick] = t + 1, --unfinished;
     }
@@ -178,8 +179,7 @@ TEST(PaceHorn, EqualsBruteForceOnRandomDags) {
       for (int32_t d : o.deps) start = std::max(start, z[d]);
       z[op] = start + (o.kind == OpKind::kCompute ? o.duration : 0);
     }
-    ASSERT_EQ(*std::max_element(z.begin(), z.end()),
-              std::max(horn->objective, inst.compute_floor))
+    ASSERT_EQ(*std::max_element(z.begin(), z.end()), std::max(horn->objective, inst.compute_floor))
         << "instance " << instance;
   }
   EXPECT_GT(nontrivial, 10);  // preemption actually happens in the sample

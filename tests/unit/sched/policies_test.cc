@@ -1,9 +1,9 @@
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -12,10 +12,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/unit/heap_counter.h"  // counts heap allocations for the no-allocation tests
 #include "sched/policies/prophet.h"
 #include "sched/policy.h"
-
+#include "tests/unit/heap_counter.h"  // counts heap allocations for the no-allocation tests
 
 namespace gradlane::sched {
 namespace {
@@ -54,8 +53,7 @@ ReadyRange Range(uint32_t tensor, Priority prio, uint64_t tensor_bytes, int64_t 
 // MakePolicy and configuration.
 
 TEST(MakePolicyTest, EveryNameBuildsThatPolicy) {
-  const std::vector<std::string> expected = {"fifo", "p3", "bytescheduler", "prophet",
-                                             "gradlane"};
+  const std::vector<std::string> expected = {"fifo", "p3", "bytescheduler", "prophet", "gradlane"};
   EXPECT_EQ(PolicyNames(), expected);
   for (const std::string& name : PolicyNames()) {
     auto p = MakePolicy(Config(name));
@@ -89,8 +87,7 @@ TEST(MakePolicyTest, RejectsInvalidConfigs) {
     auto p = MakePolicy(c.config);
     ASSERT_FALSE(p.ok()) << c.config.name;
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(std::string(p.status().message()).find(c.needle), std::string::npos)
-        << p.status();
+    EXPECT_NE(std::string(p.status().message()).find(c.needle), std::string::npos) << p.status();
   }
 }
 
@@ -315,9 +312,7 @@ TEST_F(ProphetTest, Figure5TwoPartitionsOfGradient1BeforeGradient0) {
   EXPECT_EQ(order, (std::vector<SegmentKey>{MakeKey(0, 0), MakeKey(1, 2), MakeKey(1, 3)}));
 }
 
-TEST_F(ProphetTest, DefaultCreditIsFourPartitions) {
-  EXPECT_EQ(p_->credit_capacity(), 4 * kMB);
-}
+TEST_F(ProphetTest, DefaultCreditIsFourPartitions) { EXPECT_EQ(p_->credit_capacity(), 4 * kMB); }
 
 // Work-conserving rule: a segment that cannot finish before an *intermediate* more-urgent
 // gradient (here gradient 1, with gradient 0 expected later) is sent anyway, alone, and the
@@ -391,8 +386,8 @@ TEST_F(ProphetTest, BlockIsBoundedByTheCreditWindow) {
 
 TEST_F(ProphetTest, LiveBandwidthShrinksTheBlock) {
   LearnIteration(1, 0);
-  p_->OnLinkEstimate(0.0, 0);                 // ignored
-  p_->OnLinkEstimate(std::nan(""), 0);        // ignored
+  p_->OnLinkEstimate(0.0, 0);           // ignored
+  p_->OnLinkEstimate(std::nan(""), 0);  // ignored
   EXPECT_EQ(p_->bandwidth_bytes_per_s(), 1e9);
   p_->OnLinkEstimate(0.5e9, 50 * kMicrosecond);  // 2 ms per partition now
   const TimeNs base = 100 * kMillisecond;
@@ -442,8 +437,8 @@ TEST_F(ProphetTest, PullSegmentsArePriorityOrderedAndNeverBlocked) {
     order.push_back(d.segments[0].key);
     p_->OnAcked(d.bytes, base + 3 * kMillisecond);
   }
-  EXPECT_EQ(order, (std::vector<SegmentKey>{MakeKey(0, 0), MakeKey(1, 0), MakeKey(1, 1),
-                                            MakeKey(1, 2)}));
+  EXPECT_EQ(order,
+            (std::vector<SegmentKey>{MakeKey(0, 0), MakeKey(1, 0), MakeKey(1, 1), MakeKey(1, 2)}));
   EXPECT_EQ(p_->learned_ready_offset(0), 12'500 * kMicrosecond) << "pulls teach nothing";
 }
 
@@ -498,8 +493,8 @@ std::vector<Arrival> RandomTraffic(std::mt19937_64& rng, const std::vector<Spec>
           const uint64_t left = (s.bytes - off) / elem;
           const uint64_t len = (1 + rng() % left) * elem;
           ReadyRange r = Range(s.id, s.priority, s.bytes, it, dir, off, len, s.dtype, peer);
-          const TimeNs t = base + (static_cast<TimeNs>(specs.size()) - s.priority) *
-                                      kMillisecond + static_cast<TimeNs>(rng() % 3000) * 1000 +
+          const TimeNs t = base + (static_cast<TimeNs>(specs.size()) - s.priority) * kMillisecond +
+                           static_cast<TimeNs>(rng() % 3000) * 1000 +
                            (dir == Direction::kPull ? 20 * kMillisecond : 0);
           out.push_back({t, r});
           off += len;
@@ -524,8 +519,8 @@ TEST(PolicyPropertyTest, NoSegmentLostOrDuplicatedCreditRespectedNoDeadlock) {
       std::vector<Spec> specs;
       for (uint32_t i = 0; i < 12; ++i) {
         const DType dt = rng() % 2 ? DType::kF32 : DType::kF16;
-        specs.push_back({100 + i, (1 + rng() % 12000) * DTypeBytes(dt), dt,
-                         static_cast<Priority>(i)});
+        specs.push_back(
+            {100 + i, (1 + rng() % 12000) * DTypeBytes(dt), dt, static_cast<Priority>(i)});
       }
       std::shuffle(specs.begin(), specs.end(), rng);
       const auto arrivals = RandomTraffic(rng, specs, 4);
@@ -547,8 +542,8 @@ TEST(PolicyPropertyTest, NoSegmentLostOrDuplicatedCreditRespectedNoDeadlock) {
       std::map<Stream, std::vector<std::pair<uint64_t, uint64_t>>> sent;
       std::map<Stream, uint64_t> expected_bytes;
       for (const Arrival& a : arrivals) {
-        expected_bytes[{a.range.tensor_id, a.range.iteration, a.range.direction,
-                        a.range.peer}] += a.range.length;
+        expected_bytes[{a.range.tensor_id, a.range.iteration, a.range.direction, a.range.peer}] +=
+            a.range.length;
       }
 
       size_t next = 0;

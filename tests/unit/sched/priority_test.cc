@@ -95,8 +95,8 @@ TEST(AutoPriority, HandlesTensorsNeverSeen) {
 }
 
 TEST(AssignPriorities, IndexUsesTheRegisteredPriority) {
-  const std::vector<TensorSpec> specs = {{5, 8, DType::kF32, 2}, {6, 8, DType::kF16, 0},
-                                         {7, 8, DType::kBF16, 1}};
+  const std::vector<TensorSpec> specs = {
+      {5, 8, DType::kF32, 2}, {6, 8, DType::kF16, 0}, {7, 8, DType::kBF16, 1}};
   const auto prio = AssignPriorities(PriorityMode::kIndex, specs, nullptr);
   ASSERT_TRUE(prio.ok());
   EXPECT_THAT(*prio, ElementsAre(2, 0, 1));

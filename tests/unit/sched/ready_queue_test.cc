@@ -9,7 +9,6 @@
 #include "gtest/gtest.h"
 #include "tests/unit/heap_counter.h"  // counts heap allocations for the no-allocation tests
 
-
 namespace gradlane::sched {
 namespace {
 

@@ -66,8 +66,8 @@ class RefPriority : public Policy {
       const uint64_t boundary = (off / partition_ + 1) * partition_;
       const uint64_t end = std::min(boundary, r.offset + r.length);
       queue_.insert(Segment{MakeKey(r.tensor_id, static_cast<uint32_t>(off / partition_)),
-                            r.priority, r.dtype, r.direction, r.peer, r.iteration, off,
-                            end - off, now});
+                            r.priority, r.dtype, r.direction, r.peer, r.iteration, off, end - off,
+                            now});
       off = end;
     }
   }
@@ -130,7 +130,8 @@ struct NamedFactory {
 
 std::vector<NamedFactory> ReferencePolicies() {
   return {
-      {"ref-fifo", [] { return absl::StatusOr<std::unique_ptr<Policy>>(std::make_unique<RefFifo>()); }},
+      {"ref-fifo",
+       [] { return absl::StatusOr<std::unique_ptr<Policy>>(std::make_unique<RefFifo>()); }},
       {"ref-priority-1m",
        [] {
          return absl::StatusOr<std::unique_ptr<Policy>>(

@@ -95,8 +95,8 @@ TEST(TicTacFig5, Case1ComparatorPicksTheShorterOrder) {
     ASSERT_EQ(ab->iteration, ma + std::max(pa, mb) + pb);
     ASSERT_EQ(ba->iteration, mb + std::max(pb, ma) + pa);
 
-    const auto props = UpdateProperties(dag, FindDependencies(dag), time,
-                                        {true, true, false, false});
+    const auto props =
+        UpdateProperties(dag, FindDependencies(dag), time, {true, true, false, false});
     const RecvProperties& a = PropsOf(props, 0);
     const RecvProperties& b = PropsOf(props, 1);
     if (ab->iteration != ba->iteration) {
@@ -127,11 +127,10 @@ TEST(TicTacFig5, Case1Eq2NotTheReversedComparator) {
 // Fig. 5b: no recv unblocks anything alone (all P = 0); op1 needs A and B, op2 needs op1 and C,
 // op3 needs op2 and D. Ops are listed D, C, B, A so index order cannot produce the answer.
 Dag Fig5b(TimeNs compute) {
-  return *Dag::Create(
-      {{"D", 0, 1}, {"C", 1, 1}, {"B", 2, 1}, {"A", 3, 1}},
-      {Recv("recvD", 0), Recv("recvC", 1), Recv("recvB", 2), Recv("recvA", 3),
-       Compute("op1", compute, {3, 2}), Compute("op2", compute, {4, 1}),
-       Compute("op3", compute, {5, 0})});
+  return *Dag::Create({{"D", 0, 1}, {"C", 1, 1}, {"B", 2, 1}, {"A", 3, 1}},
+                      {Recv("recvD", 0), Recv("recvC", 1), Recv("recvB", 2), Recv("recvA", 3),
+                       Compute("op1", compute, {3, 2}), Compute("op2", compute, {4, 1}),
+                       Compute("op3", compute, {5, 0})});
 }
 
 TEST(TicTacFig5, Case2BreaksTiesByImpendingLoad) {

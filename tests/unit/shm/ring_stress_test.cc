@@ -61,8 +61,8 @@ gl_sqe Make(uint64_t i) {
 
 bool Matches(const gl_sqe& e, uint64_t i) {
   return e.user_data == i && e.iteration == static_cast<int64_t>(i) &&
-         e.offset == (i ^ 0x5a5a5a5aull) && e.length == i * 3 + 1 &&
-         e.tensor_id == (i & 0xffff) && e.opcode == GL_OP_POST;
+         e.offset == (i ^ 0x5a5a5a5aull) && e.length == i * 3 + 1 && e.tensor_id == (i & 0xffff) &&
+         e.opcode == GL_OP_POST;
 }
 
 void BusyWaitNs(uint64_t ns) {
@@ -71,7 +71,8 @@ void BusyWaitNs(uint64_t ns) {
   do {
     ::clock_gettime(CLOCK_MONOTONIC, &t);
   } while (uint64_t(t.tv_sec - t0.tv_sec) * 1000000000ull + uint64_t(t.tv_nsec) -
-               uint64_t(t0.tv_nsec) < ns);
+               uint64_t(t0.tv_nsec) <
+           ns);
 }
 
 // A child must not outlive a parent that failed an assertion and returned.

@@ -112,7 +112,9 @@ TEST(Completions, ReentrantTeardownStillFailsEachSendOnceInOrderBeforeTheDown) {
   size_t next = 0;
   bool known = true;
   auto pop = [&]() -> const PendingSend* { return next < ring.size() ? &ring[next++] : nullptr; };
-  h.again = [&] { report.FailPendingAndReportDown(Info(), known, peer, pop, absl::CancelledError("inner")); };
+  h.again = [&] {
+    report.FailPendingAndReportDown(Info(), known, peer, pop, absl::CancelledError("inner"));
+  };
   report.FailPendingAndReportDown(Info(), known, peer, pop, absl::UnavailableError("outer"));
   ASSERT_EQ(h.failed.size(), 5u);
   for (uint64_t i = 0; i < 5; ++i) EXPECT_EQ(h.failed[i].first.cookie, i);

@@ -121,7 +121,7 @@ TEST(ConnectionTable, ForEachVisitsSlotsInUseIncludingRetiredOnes) {
   c->value = 3;
   t.Retire(*b);
   t.Retire(*c);
-  t.ReleaseRetired();  // c's slot is free now; b's too
+  t.ReleaseRetired();   // c's slot is free now; b's too
   Conn* d = t.Alloc();  // last freed first: c's slot
   EXPECT_EQ(d, c);
   d->value = 4;

@@ -100,7 +100,8 @@ TEST_P(ConnectionTest, AnyWriteSizeGivesTheExactStreamWithControlOnlyBetweenFram
     EXPECT_EQ(p.data[i].key, i);
     ASSERT_EQ(p.payloads[i].size(), sizes[i]);
     // memcmp with a zero length still needs valid pointers, and an empty payload has none.
-    if (sizes[i] != 0) EXPECT_EQ(std::memcmp(p.payloads[i].data(), src.data() + off, sizes[i]), 0) << i;
+    if (sizes[i] != 0)
+      EXPECT_EQ(std::memcmp(p.payloads[i].data(), src.data() + off, sizes[i]), 0) << i;
     off += sizes[i];
   }
   ASSERT_EQ(p.acks.size(), static_cast<size_t>(acks_queued));

@@ -1,5 +1,5 @@
-// The reliable datagram protocol (transport/datagram/datagram_transport.h) over an in-memory pipe on
-// virtual time: handshake and refusals, bit-exact delivery of segments of every size, loss,
+// The reliable datagram protocol (transport/datagram/datagram_transport.h) over an in-memory pipe
+// on virtual time: handshake and refusals, bit-exact delivery of segments of every size, loss,
 // reordering and duplication (injected by the transport and by the pipe), a peer that vanishes,
 // a full window, exhausted credits, a full link, resolver rejection, malformed datagrams.
 #include "transport/datagram/datagram_transport.h"
@@ -30,7 +30,8 @@ class PipeLink final : public DatagramLink {
   PipeLink(Pipe* pipe, Ipv4Endpoint self, uint32_t mtu) : pipe_(pipe), self_(self), mtu_(mtu) {}
   uint32_t max_datagram_bytes() const override { return mtu_; }
   Ipv4Endpoint local_endpoint() const override { return self_; }
-  bool Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head, std::span<const uint8_t> body) override;
+  bool Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head,
+               std::span<const uint8_t> body) override;
   void Flush_st() override {}
   int Poll_st(DatagramSink* sink, TimeNs now, TimeNs) override {
     int n = 0;
@@ -49,10 +50,10 @@ class PipeLink final : public DatagramLink {
     std::vector<uint8_t> bytes;
   };
   std::deque<Item> inbox_;
-  bool paused = false;     // stops reading (a stalled receiver); datagrams queue
-  bool vanished = false;   // drops everything to and from it
-  int tx_budget = -1;      // datagrams accepted before Send_st says "full" (-1: unlimited)
-  int drop_type = 0;       // drop the next datagram of this DgramType (0: none), once
+  bool paused = false;       // stops reading (a stalled receiver); datagrams queue
+  bool vanished = false;     // drops everything to and from it
+  int tx_budget = -1;        // datagrams accepted before Send_st says "full" (-1: unlimited)
+  int drop_type = 0;         // drop the next datagram of this DgramType (0: none), once
   int drop_type_always = 0;  // drop every datagram of this DgramType
   uint64_t sent = 0;
   uint64_t data_sent = 0;
@@ -84,14 +85,16 @@ class Pipe {
     TimeNs at = now + delay;
     if (bytes_per_us > 0) {
       TimeNs& free_at = link_free_at[Key(from)];
-      free_at = std::max(free_at, now) + static_cast<TimeNs>(static_cast<double>(bytes.size()) / bytes_per_us * 1000);
+      free_at = std::max(free_at, now) +
+                static_cast<TimeNs>(static_cast<double>(bytes.size()) / bytes_per_us * 1000);
       at = free_at + delay;
     }
     it->second->inbox_.push_back(PipeLink::Item{at, from, std::move(bytes)});
   }
 };
 
-bool PipeLink::Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head, std::span<const uint8_t> body) {
+bool PipeLink::Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head,
+                       std::span<const uint8_t> body) {
   if (tx_budget == 0) return false;
   if (tx_budget > 0) --tx_budget;
   ++sent;
@@ -138,7 +141,9 @@ TransportOptions Opts() {
   return o;
 }
 
-JobCredentials Job(uint16_t rank, std::string token = "secret") { return JobCredentials{42, rank, 2, token}; }
+JobCredentials Job(uint16_t rank, std::string token = "secret") {
+  return JobCredentials{42, rank, 2, token};
+}
 
 class ReliableTest : public ::testing::Test {
  protected:
@@ -203,8 +208,9 @@ class ReliableTest : public ::testing::Test {
       off += sizes[i];
     }
     ASSERT_LE(off, a->buf.size());
-    ASSERT_TRUE(RunUntil([&] { return a->handler.acked.size() + a->handler.failed.size() == sizes.size(); },
-                         30 * sched::kSecond))
+    ASSERT_TRUE(
+        RunUntil([&] { return a->handler.acked.size() + a->handler.failed.size() == sizes.size(); },
+                 30 * sched::kSecond))
         << "acked " << a->handler.acked.size();
     ASSERT_TRUE(a->handler.failed.empty()) << a->handler.failed[0].second;
     ASSERT_EQ(b->handler.received.size(), sizes.size());
@@ -221,7 +227,8 @@ class ReliableTest : public ::testing::Test {
   std::unique_ptr<Node> a, b;
 };
 
-const std::vector<uint64_t> kSizes = {0, 1, 1500 - 128 - 64, 1500 - 128 - 63, 1500, 4096, 100000, 1 << 20, 3, 777777};
+const std::vector<uint64_t> kSizes = {
+    0, 1, 1500 - 128 - 64, 1500 - 128 - 63, 1500, 4096, 100000, 1 << 20, 3, 777777};
 
 TEST_F(ReliableTest, HandshakeAndBitExactDelivery) {
   Make();
@@ -257,7 +264,8 @@ TEST_F(ReliableTest, WrongTokenIsRejected) {
   auto h = a->transport->Connect_st(Job(0, "wrong"), "10.0.0.2:7610", pipe.now);
   ASSERT_TRUE(h.ok());
   ASSERT_TRUE(RunUntil([&] { return !a->handler.down.empty(); }));
-  EXPECT_EQ(a->handler.down[0].second.code(), absl::StatusCode::kPermissionDenied) << a->handler.down[0].second;
+  EXPECT_EQ(a->handler.down[0].second.code(), absl::StatusCode::kPermissionDenied)
+      << a->handler.down[0].second;
   EXPECT_TRUE(b->handler.up.empty());
   EXPECT_EQ(b->transport->Stats().errors[static_cast<size_t>(WireError::kAuthFailed)], 1u);
 }
@@ -402,7 +410,8 @@ TEST_F(ReliableTest, ReceiveBudgetIsSplitAmongInboundConnections) {
     b->link.paused = false;
     const size_t acked = a->handler.acked.size();
     EXPECT_TRUE(RunUntil([&] { return a->handler.acked.size() == acked + 1; }));
-    return (after.data_packets_sent - after.retransmits) - (before.data_packets_sent - before.retransmits);
+    return (after.data_packets_sent - after.retransmits) -
+           (before.data_packets_sent - before.retransmits);
   };
   EXPECT_EQ(fresh_in_flight(h1, 0, 1), 16u);
   auto h2 = a->transport->Connect_st(Job(0), "10.0.0.2:7610", pipe.now);
@@ -437,11 +446,13 @@ TEST_F(ReliableTest, AnswersToStrangersAreRateLimited) {
   auto flood = [&](int n) {
     const DatagramStats before = b->transport->DatagramStatsNow();
     const uint64_t sent = b->link.sent;
-    for (int i = 0; i < n; ++i) pipe.Deliver(a->link.local_endpoint(), b->link.local_endpoint(), stray);
+    for (int i = 0; i < n; ++i)
+      pipe.Deliver(a->link.local_endpoint(), b->link.local_endpoint(), stray);
     Step(pipe.delay);
     const DatagramStats after = b->transport->DatagramStatsNow();
     EXPECT_EQ(after.stray - before.stray, static_cast<uint64_t>(n));
-    return std::make_pair(b->link.sent - sent, after.replies_suppressed - before.replies_suppressed);
+    return std::make_pair(b->link.sent - sent,
+                          after.replies_suppressed - before.replies_suppressed);
   };
   const auto [answered, suppressed] = flood(1000);
   EXPECT_EQ(answered, 64u);  // the burst
@@ -471,7 +482,8 @@ TEST_F(ReliableTest, VanishedPeerFailsPendingSendsInOrderThenGoesDown) {
   Make();
   const PeerHandle h = ConnectAB();
   b->link.vanished = true;
-  for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(a->transport->PostSend_st(h, Spec(i * 1000, 1000, i)).ok());
+  for (uint64_t i = 0; i < 5; ++i)
+    ASSERT_TRUE(a->transport->PostSend_st(h, Spec(i * 1000, 1000, i)).ok());
   const TimeNs t0 = pipe.now;
   ASSERT_TRUE(RunUntil([&] { return !a->handler.down.empty(); }, sched::kSecond));
   EXPECT_GE(pipe.now - t0, Opts().peer_timeout);
@@ -501,7 +513,8 @@ TEST_F(ReliableTest, DisconnectTellsThePeer) {
   ASSERT_EQ(a->handler.down.size(), 1u);
   EXPECT_EQ(a->handler.down[0].second.code(), absl::StatusCode::kCancelled);
   ASSERT_TRUE(RunUntil([&] { return !b->handler.down.empty(); }, 10 * kMs));
-  EXPECT_EQ(b->handler.down[0].second.code(), absl::StatusCode::kUnavailable) << b->handler.down[0].second;
+  EXPECT_EQ(b->handler.down[0].second.code(), absl::StatusCode::kUnavailable)
+      << b->handler.down[0].second;
 }
 
 TEST_F(ReliableTest, RejectedSegmentFailsOnlyThatSend) {
@@ -511,7 +524,8 @@ TEST_F(ReliableTest, RejectedSegmentFailsOnlyThatSend) {
     return hd.key == 1 ? RecvTarget::Reject() : RecvTarget::Into(b->region, hd.offset, hd.key);
   };
   FillRandom(a->buf, 8);
-  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(a->transport->PostSend_st(h, Spec(i * 5000, 5000, i)).ok());
+  for (uint64_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(a->transport->PostSend_st(h, Spec(i * 5000, 5000, i)).ok());
   ASSERT_TRUE(RunUntil([&] { return a->handler.acked.size() + a->handler.failed.size() == 3; }));
   ASSERT_EQ(a->handler.failed.size(), 1u);
   EXPECT_EQ(a->handler.failed[0].first.cookie, 1u);
@@ -541,7 +555,8 @@ TEST_F(ReliableTest, BothDirectionsAtOnce) {
   s.region = b->region;
   s.region_offset = 2 << 20;
   ASSERT_TRUE(b->transport->PostSend_st(back, s).ok());
-  ASSERT_TRUE(RunUntil([&] { return a->handler.acked.size() == 1 && b->handler.acked.size() == 1; }));
+  ASSERT_TRUE(
+      RunUntil([&] { return a->handler.acked.size() == 1 && b->handler.acked.size() == 1; }));
   EXPECT_EQ(0, std::memcmp(a->buf.data(), b->buf.data(), 1 << 20));
   EXPECT_EQ(0, std::memcmp(a->buf.data() + (2 << 20), bsrc.data(), 1 << 20));
 }
@@ -593,14 +608,16 @@ TEST_F(ReliableTest, MalformedDatagramsAreCountedAndIgnored) {
   const PeerHandle h = ConnectAB();
   std::vector<uint8_t> junk(300, 0xAB);
   b->transport->OnDatagram_st(Ipv4Endpoint{0x0A000001, 7610}, junk, pipe.now);
-  b->transport->OnDatagram_st(Ipv4Endpoint{0x0A000001, 7610}, std::span<const uint8_t>(junk.data(), 5), pipe.now);
+  b->transport->OnDatagram_st(Ipv4Endpoint{0x0A000001, 7610},
+                              std::span<const uint8_t>(junk.data(), 5), pipe.now);
   DgramHeader d{};
   d.magic = kDgramMagic;
   d.version = kDgramVersion;
   d.type = static_cast<uint8_t>(DgramType::kData);
   d.payload_bytes = 9999;  // lies about its length
   b->transport->OnDatagram_st(Ipv4Endpoint{0x0A000001, 7610},
-                              std::span<const uint8_t>(reinterpret_cast<uint8_t*>(&d), sizeof(d)), pipe.now);
+                              std::span<const uint8_t>(reinterpret_cast<uint8_t*>(&d), sizeof(d)),
+                              pipe.now);
   const auto st = b->transport->Stats();
   EXPECT_EQ(st.errors[static_cast<size_t>(WireError::kBadMagic)], 1u);
   EXPECT_EQ(st.errors[static_cast<size_t>(WireError::kBadLength)], 2u);
@@ -619,7 +636,8 @@ TEST_F(ReliableTest, AckBeyondWhatWasSentClosesTheConnection) {
   d.src_conn = b->handler.up[0].handle;
   d.ack = 1000;
   a->transport->OnDatagram_st(Ipv4Endpoint{0x0A000002, 7610},
-                              std::span<const uint8_t>(reinterpret_cast<uint8_t*>(&d), sizeof(d)), pipe.now);
+                              std::span<const uint8_t>(reinterpret_cast<uint8_t*>(&d), sizeof(d)),
+                              pipe.now);
   ASSERT_EQ(a->handler.down.size(), 1u);
   EXPECT_EQ(a->handler.down[0].second.code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(RunUntil([&] { return !b->handler.down.empty(); }, 10 * kMs));

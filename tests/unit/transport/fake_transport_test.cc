@@ -19,7 +19,9 @@ using testing::RecordingHandler;
 constexpr TimeNs kMs = sched::kMillisecond;
 constexpr uint64_t kJob = 9;
 
-JobCredentials Job(uint16_t rank, std::string token = "tok") { return JobCredentials{kJob, rank, 2, std::move(token)}; }
+JobCredentials Job(uint16_t rank, std::string token = "tok") {
+  return JobCredentials{kJob, rank, 2, std::move(token)};
+}
 
 TransportOptions Opts() {
   TransportOptions o;
@@ -61,7 +63,7 @@ struct Pair {
 TEST(FakeTransport, DeliversInOrderAfterTheConfiguredDelay) {
   Pair p(2 * kMs);
   const PeerHandle ab = *p.a->Connect_st(Job(0), "10.0.0.2:7000", 0);
-  p.a->Progress_st(0, 0);     // hello leaves at 0
+  p.a->Progress_st(0, 0);  // hello leaves at 0
   p.b->Progress_st(1 * kMs, 0);
   EXPECT_TRUE(p.hb.up.empty()) << "delivered before its delay";
   p.b->Progress_st(2 * kMs, 0);  // hello arrives at 2 ms
@@ -74,7 +76,9 @@ TEST(FakeTransport, DeliversInOrderAfterTheConfiguredDelay) {
   std::iota(src.begin(), src.end(), 0);
   const RegionId s = *p.a->RegisterRegion_st(src.data(), src.size());
   const RegionId d = *p.b->RegisterRegion_st(dst.data(), dst.size());
-  p.hb.resolve = [&](const PeerInfo&, const FrameHeader& h) { return RecvTarget::Into(d, h.offset); };
+  p.hb.resolve = [&](const PeerInfo&, const FrameHeader& h) {
+    return RecvTarget::Into(d, h.offset);
+  };
   const uint64_t sizes[] = {1, 499, 500};
   uint64_t off = 0;
   for (int i = 0; i < 3; ++i) {
@@ -94,7 +98,8 @@ TEST(FakeTransport, DeliversInOrderAfterTheConfiguredDelay) {
   EXPECT_TRUE(p.hb.received.empty());
   p.b->Progress_st(6 * kMs, 0);
   ASSERT_EQ(p.hb.received.size(), 3u);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(sched::KeyPartition(p.hb.received[i].header.key), static_cast<uint32_t>(i));
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(sched::KeyPartition(p.hb.received[i].header.key), static_cast<uint32_t>(i));
   EXPECT_TRUE(src == dst);
   p.a->Progress_st(7 * kMs, 0);
   EXPECT_TRUE(p.ha.acked.empty());

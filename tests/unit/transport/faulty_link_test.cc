@@ -17,7 +17,8 @@ class RecordingLink final : public DatagramLink {
  public:
   uint32_t max_datagram_bytes() const override { return 1500; }
   Ipv4Endpoint local_endpoint() const override { return {0x0A000001, 7610}; }
-  bool Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head, std::span<const uint8_t> body) override {
+  bool Send_st(const Ipv4Endpoint& to, std::span<const uint8_t> head,
+               std::span<const uint8_t> body) override {
     if (full) return false;
     got.push_back(head[0]);
     tos.push_back(to);
@@ -113,7 +114,8 @@ TEST(FaultyLink, ReorderHoldsOneUntilTheNextGoesOut) {
   for (int i = 0; i < 200; ++i) {
     const uint8_t head[1] = {static_cast<uint8_t>(i)};
     ASSERT_TRUE(f.Send_st(kTo, head, {}));
-    ASSERT_EQ(inner.got.size(), static_cast<size_t>(i + 1 - (f.holding() ? 1 : 0)));  // one held at most
+    ASSERT_EQ(inner.got.size(),
+              static_cast<size_t>(i + 1 - (f.holding() ? 1 : 0)));  // one held at most
   }
   const bool held_last = f.holding();
   f.ReleaseHeld_st();
@@ -192,8 +194,11 @@ TEST(FaultyLink, ForwardsEverythingButSends) {
 // generator and draw order): 1000 datagrams, every fault at once, seed 3.
 TEST(FaultyLink, AllFaultsAtOnceWithAFixedSeed) {
   RecordingLink inner;
-  const FaultOptions o{.drop_every = 7, .drop_probability = 0.05, .reorder_probability = 0.1,
-                       .duplicate_probability = 0.05, .seed = 3};
+  const FaultOptions o{.drop_every = 7,
+                       .drop_probability = 0.05,
+                       .reorder_probability = 0.1,
+                       .duplicate_probability = 0.05,
+                       .seed = 3};
   FaultyLink f(&inner, o, 64);
   SendNumbered(f, 1000);
   const FaultStats s = f.Stats();
@@ -208,7 +213,8 @@ TEST(FaultyLink, AllFaultsAtOnceWithAFixedSeed) {
 TEST(FaultyLink, ValidateRefusesImpossibleOptions) {
   EXPECT_TRUE(FaultyLink::Validate({}).ok());
   EXPECT_TRUE(FaultyLink::Validate(FaultOptions{.drop_every = 2, .drop_probability = 0.5}).ok());
-  EXPECT_EQ(FaultyLink::Validate(FaultOptions{.drop_every = 1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FaultyLink::Validate(FaultOptions{.drop_every = 1}).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(FaultyLink::Validate(FaultOptions{.drop_probability = 1}).ok());
   EXPECT_FALSE(FaultyLink::Validate(FaultOptions{.reorder_probability = -0.1}).ok());
   EXPECT_FALSE(FaultyLink::Validate(FaultOptions{.duplicate_probability = 1.5}).ok());

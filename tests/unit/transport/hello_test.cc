@@ -76,18 +76,23 @@ TEST_F(CheckHelloTest, UnknownOrRemovedJob) {
 }
 
 TEST_F(CheckHelloTest, WrongTokenIsAuthFailedBeforeAnyRankCheck) {
-  ExpectRefused(MakeHello(Creds(3, "secreT")), WireError::kAuthFailed, absl::StatusCode::kPermissionDenied);
-  ExpectRefused(MakeHello(Creds(3, "secre")), WireError::kAuthFailed, absl::StatusCode::kPermissionDenied);
-  ExpectRefused(MakeHello(Creds(3, "")), WireError::kAuthFailed, absl::StatusCode::kPermissionDenied);
+  ExpectRefused(MakeHello(Creds(3, "secreT")), WireError::kAuthFailed,
+                absl::StatusCode::kPermissionDenied);
+  ExpectRefused(MakeHello(Creds(3, "secre")), WireError::kAuthFailed,
+                absl::StatusCode::kPermissionDenied);
+  ExpectRefused(MakeHello(Creds(3, "")), WireError::kAuthFailed,
+                absl::StatusCode::kPermissionDenied);
   // A dialer without the token learns nothing about ranks or the world size.
-  ExpectRefused(MakeHello(Creds(1, "nope", 9)), WireError::kAuthFailed, absl::StatusCode::kPermissionDenied);
+  ExpectRefused(MakeHello(Creds(1, "nope", 9)), WireError::kAuthFailed,
+                absl::StatusCode::kPermissionDenied);
 }
 
 TEST_F(CheckHelloTest, RankThatDoesNotFit) {
   SCOPED_TRACE("our own rank");
   ExpectRefused(MakeHello(Creds(1)), WireError::kBadRank, absl::StatusCode::kInvalidArgument);
   SCOPED_TRACE("world size differs");
-  ExpectRefused(MakeHello(Creds(4, "secret", 5)), WireError::kBadRank, absl::StatusCode::kInvalidArgument);
+  ExpectRefused(MakeHello(Creds(4, "secret", 5)), WireError::kBadRank,
+                absl::StatusCode::kInvalidArgument);
   SCOPED_TRACE("rank outside the world");
   HelloFrame f = MakeHello(Creds(3));
   f.body.rank = 4;
@@ -137,11 +142,13 @@ TEST(Hello, CheckHelloOkWantsOurJobAndAFittingRank) {
 }
 
 std::span<const uint8_t> PayloadOf(const ErrorFrame& f) {
-  return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&f.payload), f.header.payload_bytes);
+  return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&f.payload),
+                                  f.header.payload_bytes);
 }
 
 TEST(Hello, ErrorFrameRoundTripsAndCutsLongReasons) {
-  const ErrorFrame f = MakeErrorFrame(FrameType::kReject, kJob, 1, WireError::kAuthFailed, "bad token");
+  const ErrorFrame f =
+      MakeErrorFrame(FrameType::kReject, kJob, 1, WireError::kAuthFailed, "bad token");
   EXPECT_EQ(CheckHeader(f.header, 1 << 20), WireError::kNone);
   EXPECT_EQ(f.header.payload_bytes, kErrorBodyBytes + 9);
   const PeerError e = ParseErrorPayload(PayloadOf(f));
@@ -149,7 +156,8 @@ TEST(Hello, ErrorFrameRoundTripsAndCutsLongReasons) {
   EXPECT_EQ(e.reason, "bad token");
 
   const std::string long_reason(1000, 'x');
-  const ErrorFrame g = MakeErrorFrame(FrameType::kGoodbye, kJob, 1, WireError::kTimeout, long_reason);
+  const ErrorFrame g =
+      MakeErrorFrame(FrameType::kGoodbye, kJob, 1, WireError::kTimeout, long_reason);
   EXPECT_EQ(CheckHeader(g.header, 1 << 20), WireError::kNone);
   EXPECT_EQ(g.header.payload_bytes, kMaxControlPayloadBytes);
   EXPECT_EQ(ParseErrorPayload(PayloadOf(g)).reason.size(), kMaxReasonBytes);
@@ -159,7 +167,8 @@ TEST(Hello, ParseErrorPayloadTrustsNothing) {
   EXPECT_EQ(ParseErrorPayload({}).code, WireError::kNone);
   ErrorFrame f = MakeErrorFrame(FrameType::kReject, kJob, 1, WireError::kBadRank, "abcdef");
   f.payload.body.code = 9999;
-  EXPECT_EQ(ParseErrorPayload(PayloadOf(f)).code, WireError::kNone) << "a code this build does not know";
+  EXPECT_EQ(ParseErrorPayload(PayloadOf(f)).code, WireError::kNone)
+      << "a code this build does not know";
   f.payload.body.reason_bytes = 1000;  // claims more than arrived
   EXPECT_EQ(ParseErrorPayload(PayloadOf(f)).reason, "abcdef");
   EXPECT_EQ(ParseErrorPayload(PayloadOf(f).first(kErrorBodyBytes + 2)).reason, "ab");
@@ -180,12 +189,15 @@ TEST(Hello, PeerClosedStatusMapsEachRejectCode) {
       {WireError::kShutdown, absl::StatusCode::kUnavailable},
   };
   for (const auto& c : cases) {
-    const absl::Status s = PeerClosedStatus(FrameType::kReject, PeerError{c.code, "why"}, "10.0.0.1:9");
+    const absl::Status s =
+        PeerClosedStatus(FrameType::kReject, PeerError{c.code, "why"}, "10.0.0.1:9");
     EXPECT_EQ(s.code(), c.status) << WireErrorName(c.code);
-    EXPECT_NE(s.message().find("peer 10.0.0.1:9 rejected the connection"), absl::string_view::npos) << s;
+    EXPECT_NE(s.message().find("peer 10.0.0.1:9 rejected the connection"), absl::string_view::npos)
+        << s;
     EXPECT_NE(s.message().find(std::string(WireErrorName(c.code))), absl::string_view::npos) << s;
   }
-  const absl::Status bye = PeerClosedStatus(FrameType::kGoodbye, PeerError{WireError::kNone, "done"}, "rank 3");
+  const absl::Status bye =
+      PeerClosedStatus(FrameType::kGoodbye, PeerError{WireError::kNone, "done"}, "rank 3");
   EXPECT_EQ(bye.code(), absl::StatusCode::kUnavailable) << "a goodbye without a code is a shutdown";
   EXPECT_EQ(bye.message(), "peer rank 3 closed the connection (none): done");
 }

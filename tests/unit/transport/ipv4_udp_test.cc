@@ -25,8 +25,9 @@ TEST(Ipv4, ParseAndFormat) {
 }
 
 TEST(Ipv4, RefusesWhatIsNotIpv4ColonPort) {
-  for (const char* bad : {"10.0.0.1", "10.0.0.1:", "10.0.0.1:0", "10.0.0.1:65536", "10.0.0.1:x", "10.0.0:80",
-                          "10.0.0.1.5:80", "a.b.c.d:80", "10..0.1:80", "1000.0.0.1:80", "host:80", ":80", ""}) {
+  for (const char* bad :
+       {"10.0.0.1", "10.0.0.1:", "10.0.0.1:0", "10.0.0.1:65536", "10.0.0.1:x", "10.0.0:80",
+        "10.0.0.1.5:80", "a.b.c.d:80", "10..0.1:80", "1000.0.0.1:80", "host:80", ":80", ""}) {
     auto e = ParseIpv4Endpoint(bad);
     EXPECT_FALSE(e.ok()) << bad;
     if (!e.ok()) {
@@ -61,24 +62,25 @@ constexpr Ipv4Endpoint kTo{0x0A000002, 7611};
 
 std::vector<uint8_t> Frame(size_t datagram_bytes, uint16_t ip_id = 9) {
   std::vector<uint8_t> f(kUdpFrameHeaderBytes + datagram_bytes);
-  WriteUdpFrameHeader(std::span<uint8_t, kUdpFrameHeaderBytes>(f.data(), kUdpFrameHeaderBytes), kDstMac, kSrcMac,
-                      kFrom, kTo, ip_id, datagram_bytes);
-  for (size_t i = 0; i < datagram_bytes; ++i) f[kUdpFrameHeaderBytes + i] = static_cast<uint8_t>(i * 7 + 1);
+  WriteUdpFrameHeader(std::span<uint8_t, kUdpFrameHeaderBytes>(f.data(), kUdpFrameHeaderBytes),
+                      kDstMac, kSrcMac, kFrom, kTo, ip_id, datagram_bytes);
+  for (size_t i = 0; i < datagram_bytes; ++i)
+    f[kUdpFrameHeaderBytes + i] = static_cast<uint8_t>(i * 7 + 1);
   return f;
 }
 
 TEST(UdpFrame, HeaderBytesAreExactlyWhatWeSend) {
   const std::vector<uint8_t> f = Frame(100, 0x1234);
   const uint8_t want[kUdpFrameHeaderBytes] = {
-      0x02, 0x00, 0x00, 0x00, 0x00, 0x02,  // dst MAC
-      0x02, 0x00, 0x00, 0x00, 0x00, 0x01,  // src MAC
-      0x08, 0x00,                          // IPv4
-      0x45, 0x00, 0x00, 128,               // no options; total length 20 + 8 + 100
-      0x12, 0x34, 0x40, 0x00,              // identification, don't fragment
-      64, 17, 0x00, 0x00,                  // TTL, UDP, checksum (checked below)
-      10, 0, 0, 1, 10, 0, 0, 2,            // src, dst
-      0x1D, 0xBA, 0x1D, 0xBB,              // ports 7610, 7611
-      0x00, 108, 0x00, 0x00,               // UDP length 8 + 100, no checksum
+      0x02, 0x00, 0x00, 0x00, 0x00, 0x02,        // dst MAC
+      0x02, 0x00, 0x00, 0x00, 0x00, 0x01,        // src MAC
+      0x08, 0x00,                                // IPv4
+      0x45, 0x00, 0x00, 128,                     // no options; total length 20 + 8 + 100
+      0x12, 0x34, 0x40, 0x00,                    // identification, don't fragment
+      64,   17,   0x00, 0x00,                    // TTL, UDP, checksum (checked below)
+      10,   0,    0,    1,    10,   0,    0, 2,  // src, dst
+      0x1D, 0xBA, 0x1D, 0xBB,                    // ports 7610, 7611
+      0x00, 108,  0x00, 0x00,                    // UDP length 8 + 100, no checksum
   };
   for (size_t i = 0; i < kUdpFrameHeaderBytes; ++i) {
     if (i == 24 || i == 25) continue;
@@ -120,21 +122,51 @@ TEST(UdpFrame, DropsWhatIsNotForUsOrNotPlain) {
   EXPECT_FALSE(ParseUdpFrame(Frame(10), Ipv4Endpoint{0x0A000003, 7611}).has_value());
   EXPECT_FALSE(ParseUdpFrame(Frame(10), Ipv4Endpoint{0x0A000002, 7612}).has_value());
   std::vector<uint8_t> f;
-  f = Frame(10); f[12] = 0x08; f[13] = 0x06; refused(f, "ARP");
-  f = Frame(10); f[12] = 0x86; f[13] = 0xDD; refused(f, "IPv6 ethertype");
-  f = Frame(10); f[14] = 0x46; refused(f, "IP options");
-  f = Frame(10); f[14] = 0x65; refused(f, "IP version 6");
-  f = Frame(10); f[23] = 6; refused(f, "TCP");
-  f = Frame(10); f[20] |= 0x20; refused(f, "more fragments");
-  f = Frame(10); f[21] = 1; refused(f, "fragment offset");
-  f = Frame(10); f[17] = 20 + 8 + 11; f[39] = 8 + 11; refused(f, "IP and UDP lengths past the frame");
-  f = Frame(10); f[17] = 20 + 7; f[39] = 7; refused(f, "UDP length below its header");
-  f = Frame(10); f[39] = 8 + 9; refused(f, "UDP length disagrees with IP length");
-  f = Frame(10); f.resize(kUdpFrameHeaderBytes - 1); refused(f, "shorter than the headers");
+  f = Frame(10);
+  f[12] = 0x08;
+  f[13] = 0x06;
+  refused(f, "ARP");
+  f = Frame(10);
+  f[12] = 0x86;
+  f[13] = 0xDD;
+  refused(f, "IPv6 ethertype");
+  f = Frame(10);
+  f[14] = 0x46;
+  refused(f, "IP options");
+  f = Frame(10);
+  f[14] = 0x65;
+  refused(f, "IP version 6");
+  f = Frame(10);
+  f[23] = 6;
+  refused(f, "TCP");
+  f = Frame(10);
+  f[20] |= 0x20;
+  refused(f, "more fragments");
+  f = Frame(10);
+  f[21] = 1;
+  refused(f, "fragment offset");
+  f = Frame(10);
+  f[17] = 20 + 8 + 11;
+  f[39] = 8 + 11;
+  refused(f, "IP and UDP lengths past the frame");
+  f = Frame(10);
+  f[17] = 20 + 7;
+  f[39] = 7;
+  refused(f, "UDP length below its header");
+  f = Frame(10);
+  f[39] = 8 + 9;
+  refused(f, "UDP length disagrees with IP length");
+  f = Frame(10);
+  f.resize(kUdpFrameHeaderBytes - 1);
+  refused(f, "shorter than the headers");
   refused({}, "empty");
   // Don't-fragment and a wrong checksum are no reason to drop.
-  f = Frame(10); f[20] = 0; EXPECT_TRUE(ParseUdpFrame(f, kTo).has_value());
-  f = Frame(10); f[24] ^= 0xFF; EXPECT_TRUE(ParseUdpFrame(f, kTo).has_value());
+  f = Frame(10);
+  f[20] = 0;
+  EXPECT_TRUE(ParseUdpFrame(f, kTo).has_value());
+  f = Frame(10);
+  f[24] ^= 0xFF;
+  EXPECT_TRUE(ParseUdpFrame(f, kTo).has_value());
 }
 
 TEST(UdpFrame, EtherTypeOfAShortFrameIsZero) {

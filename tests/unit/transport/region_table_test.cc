@@ -47,9 +47,11 @@ TEST(RegionTable, ResolveSendChecksRegionRangeAndSegmentLimit) {
   };
   EXPECT_EQ(code(Send(r, 40, 61)), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code(Send(r, 101, 0)), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(Send(r, 1, std::numeric_limits<uint64_t>::max())), absl::StatusCode::kInvalidArgument)
+  EXPECT_EQ(code(Send(r, 1, std::numeric_limits<uint64_t>::max())),
+            absl::StatusCode::kInvalidArgument)
       << "offset + length wraps";
-  EXPECT_EQ(code(Send(r, 0, 100), 99), absl::StatusCode::kInvalidArgument) << "over max_segment_bytes";
+  EXPECT_EQ(code(Send(r, 0, 100), 99), absl::StatusCode::kInvalidArgument)
+      << "over max_segment_bytes";
   EXPECT_EQ(code(Send(r + 1, 0, 1)), absl::StatusCode::kInvalidArgument) << "never registered";
   EXPECT_EQ(code(Send(kNoRegion, 0, 1)), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(t.Unregister(r).ok());
@@ -66,7 +68,8 @@ TEST(RegionTable, ResolveRecvRefusesWhatDoesNotFit) {
   EXPECT_FALSE(t.ResolveRecv(RecvTarget::Reject(), 0).has_value()) << "the engine said no";
   EXPECT_FALSE(t.ResolveRecv(RecvTarget::Into(r, 30), 71).has_value());
   EXPECT_FALSE(t.ResolveRecv(RecvTarget::Into(r, 101), 0).has_value());
-  EXPECT_FALSE(t.ResolveRecv(RecvTarget::Into(r, 1), std::numeric_limits<uint64_t>::max()).has_value());
+  EXPECT_FALSE(
+      t.ResolveRecv(RecvTarget::Into(r, 1), std::numeric_limits<uint64_t>::max()).has_value());
   EXPECT_FALSE(t.ResolveRecv(RecvTarget::Into(r + 1, 0), 0).has_value());
   ASSERT_TRUE(t.Unregister(r).ok());
   EXPECT_FALSE(t.ResolveRecv(RecvTarget::Into(r, 0), 1).has_value());

@@ -30,8 +30,8 @@ struct Source {
 
 // Feeds one packet and consumes whatever becomes deliverable, appending the released
 // sequence numbers (taken from the packets' msg field) to `out`.
-ReorderBuffer::Verdict Feed(ReorderBuffer& rb, uint64_t seq, std::vector<uint64_t>& out, TimeNs now = 0,
-                            size_t len = 8) {
+ReorderBuffer::Verdict Feed(ReorderBuffer& rb, uint64_t seq, std::vector<uint64_t>& out,
+                            TimeNs now = 0, size_t len = 8) {
   Source src;
   ReorderBuffer::Packet p = src.For(seq, len);
   const ReorderBuffer::Verdict v = rb.OnPacket(seq, p, now);
@@ -40,7 +40,8 @@ ReorderBuffer::Verdict Feed(ReorderBuffer& rb, uint64_t seq, std::vector<uint64_
     EXPECT_EQ(p.msg, rb.next());
     std::vector<uint8_t> want(p.bytes.size());
     for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<uint8_t>(p.msg * 31 + i);
-    EXPECT_TRUE(std::equal(p.bytes.begin(), p.bytes.end(), want.begin(), want.end())) << "packet " << p.msg;
+    EXPECT_TRUE(std::equal(p.bytes.begin(), p.bytes.end(), want.begin(), want.end()))
+        << "packet " << p.msg;
     out.push_back(p.msg);
     rb.Consumed();
   } while (rb.NextHeld(&p));
@@ -94,16 +95,19 @@ TEST(ReorderBuffer, EarlyPacketsAreHeldAndReleasedInOrder) {
 TEST(ReorderBuffer, HeldBytesAreACopy) {
   ReorderBuffer rb = Make();
   std::vector<uint8_t> wire = {1, 2, 3, 4, 5};
-  ASSERT_EQ(rb.OnPacket(1, ReorderBuffer::Packet{kPktLast, 7, 100, wire}, 0), ReorderBuffer::Verdict::kHeld);
+  ASSERT_EQ(rb.OnPacket(1, ReorderBuffer::Packet{kPktLast, 7, 100, wire}, 0),
+            ReorderBuffer::Verdict::kHeld);
   std::fill(wire.begin(), wire.end(), 0);  // the link reuses its buffer
-  ASSERT_EQ(rb.OnPacket(0, ReorderBuffer::Packet{kPktFirst, 7, 0, wire}, 0), ReorderBuffer::Verdict::kInOrder);
+  ASSERT_EQ(rb.OnPacket(0, ReorderBuffer::Packet{kPktFirst, 7, 0, wire}, 0),
+            ReorderBuffer::Verdict::kInOrder);
   rb.Consumed();
   ReorderBuffer::Packet p;
   ASSERT_TRUE(rb.NextHeld(&p));
   EXPECT_EQ(p.flags, kPktLast);
   EXPECT_EQ(p.msg, 7u);
   EXPECT_EQ(p.msg_offset, 100u);
-  EXPECT_EQ(std::vector<uint8_t>(p.bytes.begin(), p.bytes.end()), (std::vector<uint8_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(std::vector<uint8_t>(p.bytes.begin(), p.bytes.end()),
+            (std::vector<uint8_t>{1, 2, 3, 4, 5}));
   rb.Consumed();
   EXPECT_FALSE(rb.NextHeld(&p));
 }
@@ -113,7 +117,7 @@ TEST(ReorderBuffer, RefusesWhatLiesBeyondItsCapacity) {
   std::vector<uint64_t> out;
   EXPECT_EQ(Feed(rb, 8, out), ReorderBuffer::Verdict::kBeyondCapacity);  // next() + capacity
   EXPECT_EQ(Feed(rb, 1000, out), ReorderBuffer::Verdict::kBeyondCapacity);
-  EXPECT_EQ(Feed(rb, 7, out), ReorderBuffer::Verdict::kHeld);             // the last slot
+  EXPECT_EQ(Feed(rb, 7, out), ReorderBuffer::Verdict::kHeld);  // the last slot
   // An early packet larger than a slot cannot be held; in order, any size goes straight through.
   EXPECT_EQ(Feed(rb, 2, out, 0, 65), ReorderBuffer::Verdict::kBeyondCapacity);
   EXPECT_EQ(Feed(rb, 2, out, 0, 64), ReorderBuffer::Verdict::kHeld);
@@ -130,8 +134,10 @@ TEST(ReorderBuffer, DuplicatesAreDroppedAndTheFirstCopyWins) {
   Feed(rb, 0, out);
   EXPECT_EQ(Feed(rb, 0, out), ReorderBuffer::Verdict::kDuplicate);  // released already
   std::vector<uint8_t> first = {9, 9}, second = {1, 1};
-  EXPECT_EQ(rb.OnPacket(2, ReorderBuffer::Packet{0, 2, 0, first}, 0), ReorderBuffer::Verdict::kHeld);
-  EXPECT_EQ(rb.OnPacket(2, ReorderBuffer::Packet{0, 2, 0, second}, 0), ReorderBuffer::Verdict::kDuplicate);
+  EXPECT_EQ(rb.OnPacket(2, ReorderBuffer::Packet{0, 2, 0, first}, 0),
+            ReorderBuffer::Verdict::kHeld);
+  EXPECT_EQ(rb.OnPacket(2, ReorderBuffer::Packet{0, 2, 0, second}, 0),
+            ReorderBuffer::Verdict::kDuplicate);
   Source src;
   ReorderBuffer::Packet p = src.For(1);
   ASSERT_EQ(rb.OnPacket(1, p, 0), ReorderBuffer::Verdict::kInOrder);
@@ -158,8 +164,8 @@ TEST(ReorderBuffer, ReleasesEachPacketOnceInOrderUnderShuffledDuplicatedArrivals
       const uint64_t lo = rb.next();
       uint64_t seq = lo + rng() % (std::max<uint64_t>(sent, lo + 1) - lo);
       const int r = static_cast<int>(rng() % 10);
-      if (r == 0 && lo > 0) seq = rng() % lo;          // stale retransmission
-      if (r == 1) seq = lo + capacity + rng() % 100;   // beyond the credit
+      if (r == 0 && lo > 0) seq = rng() % lo;         // stale retransmission
+      if (r == 1) seq = lo + capacity + rng() % 100;  // beyond the credit
       Feed(rb, seq, out);
     }
     ASSERT_EQ(out.size(), kN) << "capacity " << capacity;
@@ -193,13 +199,14 @@ TEST(ReorderBuffer, InOrderDataIsAckedAfterAckEveryPacketsOrTheDelay) {
   EXPECT_TRUE(rb.AckPending());
   EXPECT_FALSE(rb.AckDue(1000, kEvery, kDelay));
   EXPECT_FALSE(rb.AckDue(1000 + kDelay - 1, kEvery, kDelay));
-  EXPECT_TRUE(rb.AckDue(1000 + kDelay, kEvery, kDelay));  // the delay runs from the first unacked one
+  EXPECT_TRUE(
+      rb.AckDue(1000 + kDelay, kEvery, kDelay));  // the delay runs from the first unacked one
   AckOf(rb);
   EXPECT_FALSE(rb.AckDue(1000 + kDelay, kEvery, kDelay));
   for (uint64_t s = 1; s < kEvery; ++s) Feed(rb, s, out, 2000);
   EXPECT_FALSE(rb.AckDue(2000, kEvery, kDelay));  // 15 unacked
   Feed(rb, kEvery, out, 2000);
-  EXPECT_TRUE(rb.AckDue(2000, kEvery, kDelay));   // 16
+  EXPECT_TRUE(rb.AckDue(2000, kEvery, kDelay));  // 16
 }
 
 TEST(ReorderBuffer, AnythingUnusualIsAckedAtOnce) {

@@ -15,8 +15,8 @@ namespace {
 
 constexpr TimeNs kUs = sched::kMicrosecond;
 constexpr TimeNs kMs = sched::kMillisecond;
-constexpr SendWindow::Timing kTiming{.initial_rto = 10 * kMs, .min_rto = 1 * kMs, .max_rto = 200 * kMs,
-                                     .rto_burst = 16};
+constexpr SendWindow::Timing kTiming{
+    .initial_rto = 10 * kMs, .min_rto = 1 * kMs, .max_rto = 200 * kMs, .rto_burst = 16};
 
 SendWindow Fresh(uint32_t credit = kMaxWindow) {
   SendWindow w;
@@ -37,7 +37,8 @@ int SendNew(SendWindow& w, int n, TimeNs now, uint32_t window = kMaxWindow) {
   return sent;
 }
 
-SendWindow::AckResult Ack(SendWindow& w, uint64_t ack, TimeNs now, std::initializer_list<uint64_t> sacked = {},
+SendWindow::AckResult Ack(SendWindow& w, uint64_t ack, TimeNs now,
+                          std::initializer_list<uint64_t> sacked = {},
                           uint32_t credit = kMaxWindow) {
   uint64_t bits[4] = {0, 0, 0, 0};
   for (uint64_t s : sacked) BitSet(bits, s, true);
@@ -90,7 +91,7 @@ TEST(SendWindow, CreditIsNeverExceededUnderReorderedAcks) {
     const uint32_t first_credit = rng() % 64;
     SendWindow w = Fresh(first_credit);
     uint64_t limit = first_credit;
-    uint64_t delivered = 0;  // what the receiver has received so far
+    uint64_t delivered = 0;                              // what the receiver has received so far
     std::vector<std::pair<uint64_t, uint32_t>> headers;  // (ack, credit) in flight back to us
     TimeNs now = 0;
     for (int step = 0; step < 400; ++step) {
@@ -229,7 +230,7 @@ TEST(SendWindow, OneExpiryResendsAtMostABurstOldestFirst) {
 TEST(SendWindow, SelectiveAcksTriggerFastRetransmissionOfHoles) {
   SendWindow w = Fresh();
   SendNew(w, 1, 0);
-  Ack(w, 1, 1 * kMs);  // SRTT 1 ms, RTO 3 ms
+  Ack(w, 1, 1 * kMs);       // SRTT 1 ms, RTO 3 ms
   SendNew(w, 10, 2 * kMs);  // packets 1..10
   // The peer holds 4, 5, 6 but not 1, 2, 3: a hole is resent once the peer holds a packet
   // kDupThresh (3) or more past it, so 1..3; 7..10 may still be on their way.

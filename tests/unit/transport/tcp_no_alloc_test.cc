@@ -23,7 +23,10 @@ using testing::MonotonicNow;
 // Counts callbacks without touching the heap.
 class CountingHandler : public TransportHandler {
  public:
-  void OnPeerUp_st(const PeerInfo& p) override { up = p; ++ups; }
+  void OnPeerUp_st(const PeerInfo& p) override {
+    up = p;
+    ++ups;
+  }
   void OnPeerDown_st(const PeerInfo&, const absl::Status&) override { ++downs; }
   void OnSendDone_st(const SendCompletion&) override { ++done; }
   void OnSendAcked_st(const SendCompletion&, TimeNs) override { ++acked; }
@@ -31,7 +34,9 @@ class CountingHandler : public TransportHandler {
   RecvTarget ResolveRecv_st(const PeerInfo&, const FrameHeader& h) override {
     return RecvTarget::Into(region, h.offset);
   }
-  void OnRecvDone_st(const PeerInfo&, const FrameHeader&, const RecvTarget&, TimeNs) override { ++received; }
+  void OnRecvDone_st(const PeerInfo&, const FrameHeader&, const RecvTarget&, TimeNs) override {
+    ++received;
+  }
   RegionId region = kNoRegion;
   PeerInfo up;
   int ups = 0, downs = 0;

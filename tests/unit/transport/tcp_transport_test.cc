@@ -71,7 +71,8 @@ bool PumpUntil(std::initializer_list<TcpTransport*> ts, const std::function<bool
 }
 
 void PumpFor(std::initializer_list<TcpTransport*> ts, TimeNs duration) {
-  PumpUntil(ts, [] { return false; }, duration);
+  PumpUntil(
+      ts, [] { return false; }, duration);
 }
 
 std::string Addr(uint16_t port) { return "127.0.0.1:" + std::to_string(port); }
@@ -97,7 +98,8 @@ PeerHandle ConnectPair(Node& a, Node& b, uint16_t* port_out = nullptr) {
   EXPECT_TRUE(b.t->AddJob_st(Job(1)).ok());
   auto h = a.t->Connect_st(Job(0), Addr(*port), MonotonicNow());
   EXPECT_TRUE(h.ok()) << h.status();
-  EXPECT_TRUE(PumpUntil({a.t.get(), b.t.get()}, [&] { return a.h.up.size() == 1 && b.h.up.size() == 1; }));
+  EXPECT_TRUE(
+      PumpUntil({a.t.get(), b.t.get()}, [&] { return a.h.up.size() == 1 && b.h.up.size() == 1; }));
   if (port_out != nullptr) *port_out = *port;
   return h.ok() ? *h : kNoPeer;
 }
@@ -146,7 +148,8 @@ struct Transfer {
   }
 };
 
-void ExpectDelivered(const Transfer& x, const RecordingHandler& sender, const RecordingHandler& receiver) {
+void ExpectDelivered(const Transfer& x, const RecordingHandler& sender,
+                     const RecordingHandler& receiver) {
   ASSERT_EQ(receiver.received.size(), x.sizes.size());
   for (size_t i = 0; i < x.sizes.size(); ++i) {
     const FrameHeader& h = receiver.received[i].header;
@@ -181,8 +184,24 @@ TEST(TcpTransport, AwkwardSizesArriveBitExactInOrderBothWays) {
   EXPECT_EQ(a.h.up[0].rank, 1);
   EXPECT_FALSE(a.h.up[0].inbound);
 
-  std::vector<uint64_t> sizes = {1, 2, 7, 0, 63, 64, 65, 1000, 4095, 4096, 4097, 65535, 65536, 65537,
-                                 1 << 20, (3 << 20) + 5, (8 << 20) + 3, 1};
+  std::vector<uint64_t> sizes = {1,
+                                 2,
+                                 7,
+                                 0,
+                                 63,
+                                 64,
+                                 65,
+                                 1000,
+                                 4095,
+                                 4096,
+                                 4097,
+                                 65535,
+                                 65536,
+                                 65537,
+                                 1 << 20,
+                                 (3 << 20) + 5,
+                                 (8 << 20) + 3,
+                                 1};
   std::mt19937 rng(1);
   for (int i = 0; i < 300; ++i) sizes.push_back(1 + rng() % 3000);
   Transfer fwd(sizes, 11);
@@ -198,9 +217,10 @@ TEST(TcpTransport, AwkwardSizesArriveBitExactInOrderBothWays) {
   for (size_t i = 0; i < fwd.sizes.size(); ++i) ASSERT_TRUE(a.t->PostSend_st(ab, fwd.Spec(i)).ok());
   for (size_t i = 0; i < rev.sizes.size(); ++i) ASSERT_TRUE(b.t->PostSend_st(ba, rev.Spec(i)).ok());
 
-  ASSERT_TRUE(PumpUntil({a.t.get(), b.t.get()}, [&] {
-    return a.h.acked.size() == fwd.sizes.size() && b.h.acked.size() == rev.sizes.size();
-  }, 15 * sched::kSecond));
+  ASSERT_TRUE(PumpUntil(
+      {a.t.get(), b.t.get()},
+      [&] { return a.h.acked.size() == fwd.sizes.size() && b.h.acked.size() == rev.sizes.size(); },
+      15 * sched::kSecond));
   ExpectDelivered(fwd, a.h, b.h);
   ExpectDelivered(rev, b.h, a.h);
 
@@ -230,7 +250,8 @@ TEST(TcpTransport, ResolverRejectFailsThatSendOnly) {
     return sched::KeyPartition(h.key) == 1 ? RecvTarget::Reject() : x.Resolve(h);
   };
   for (size_t i = 0; i < 3; ++i) ASSERT_TRUE(a.t->PostSend_st(ab, x.Spec(i)).ok());
-  ASSERT_TRUE(PumpUntil({a.t.get(), b.t.get()}, [&] { return a.h.acked.size() + a.h.failed.size() == 3; }));
+  ASSERT_TRUE(
+      PumpUntil({a.t.get(), b.t.get()}, [&] { return a.h.acked.size() + a.h.failed.size() == 3; }));
   ASSERT_EQ(a.h.acked.size(), 2u);
   EXPECT_EQ(a.h.acked[0].cookie, 1000u);
   EXPECT_EQ(a.h.acked[1].cookie, 1002u);
@@ -244,7 +265,9 @@ TEST(TcpTransport, ResolverRejectFailsThatSendOnly) {
   EXPECT_TRUE(a.h.down.empty());
   EXPECT_TRUE(b.h.down.empty());
   // A resolver target outside its region is refused the same way, not written out of bounds.
-  b.h.resolve = [&](const PeerInfo&, const FrameHeader&) { return RecvTarget::Into(x.dst_region, x.total() - 10); };
+  b.h.resolve = [&](const PeerInfo&, const FrameHeader&) {
+    return RecvTarget::Into(x.dst_region, x.total() - 10);
+  };
   ASSERT_TRUE(a.t->PostSend_st(ab, x.Spec(2)).ok());
   ASSERT_TRUE(PumpUntil({a.t.get(), b.t.get()}, [&] { return a.h.failed.size() == 2; }));
   EXPECT_EQ(b.t->Stats().errors[static_cast<size_t>(WireError::kNoTarget)], 2u);
@@ -298,7 +321,9 @@ class RawPeer {
   }
   ~RawPeer() { close(fd_); }
   bool connected() const { return connected_; }
-  void Send(const void* p, size_t n) { ASSERT_EQ(send(fd_, p, n, MSG_NOSIGNAL), static_cast<ssize_t>(n)); }
+  void Send(const void* p, size_t n) {
+    ASSERT_EQ(send(fd_, p, n, MSG_NOSIGNAL), static_cast<ssize_t>(n));
+  }
   void SendHello(uint8_t version, std::string token = kToken) {
     FrameHeader h = MakeHeader(FrameType::kHello, kJob, 0);
     h.version = version;
@@ -337,7 +362,8 @@ class RawPeer {
     if (!Read(body.data(), body.size(), t)) return -1;
     ErrorBody eb;
     std::memcpy(&eb, body.data(), sizeof(eb));
-    if (reason != nullptr) reason->assign(reinterpret_cast<char*>(body.data()) + 8, eb.reason_bytes);
+    if (reason != nullptr)
+      reason->assign(reinterpret_cast<char*>(body.data()) + 8, eb.reason_bytes);
     return static_cast<int>(eb.code);
   }
   // True once the transport closed its side (EOF or reset), pumping `t` meanwhile.
@@ -365,7 +391,8 @@ TEST(TcpTransport, WrongProtocolVersionIsRejectedWithAReadableReason) {
   ASSERT_TRUE(raw.connected());
   raw.SendHello(/*version=*/2);
   std::string reason;
-  EXPECT_EQ(raw.ReadErrorFrame(FrameType::kReject, b.t.get(), &reason), static_cast<int>(WireError::kBadVersion));
+  EXPECT_EQ(raw.ReadErrorFrame(FrameType::kReject, b.t.get(), &reason),
+            static_cast<int>(WireError::kBadVersion));
   EXPECT_NE(reason.find("version 2"), std::string::npos) << reason;
   EXPECT_TRUE(raw.ClosedByPeer(b.t.get()));
   EXPECT_EQ(b.t->Stats().errors[static_cast<size_t>(WireError::kBadVersion)], 1u);
@@ -388,7 +415,8 @@ TEST(TcpTransport, MalformedFramesAreCountedAndTheTransportLivesOn) {
     ASSERT_TRUE(raw.connected());
     const char junk[64] = "GET / HTTP/1.1\r\nHost: example\r\n\r\n";
     raw.Send(junk, sizeof(junk));
-    EXPECT_EQ(raw.ReadErrorFrame(FrameType::kReject, b.t.get()), static_cast<int>(WireError::kBadMagic));
+    EXPECT_EQ(raw.ReadErrorFrame(FrameType::kReject, b.t.get()),
+              static_cast<int>(WireError::kBadMagic));
     EXPECT_TRUE(raw.ClosedByPeer(b.t.get()));
   }
   // After a valid handshake: one malformed data header of each class.
@@ -404,7 +432,11 @@ TEST(TcpTransport, MalformedFramesAreCountedAndTheTransportLivesOn) {
       {[](FrameHeader& h) { h.length = h.payload_bytes = 2 << 20; }, WireError::kTooLong},
       {[](FrameHeader& h) { h.payload_bytes = 5; }, WireError::kBadLength},
       {[](FrameHeader& h) { h.dtype = 9; }, WireError::kBadField},
-      {[](FrameHeader& h) { h.type = static_cast<uint8_t>(FrameType::kHello); h.payload_bytes = kHelloBodyBytes; }, WireError::kUnexpectedFrame},
+      {[](FrameHeader& h) {
+         h.type = static_cast<uint8_t>(FrameType::kHello);
+         h.payload_bytes = kHelloBodyBytes;
+       },
+       WireError::kUnexpectedFrame},
       {[](FrameHeader& h) { h.job_id = 7; }, WireError::kUnknownJob},
   };
   size_t i = 0;
@@ -424,7 +456,8 @@ TEST(TcpTransport, MalformedFramesAreCountedAndTheTransportLivesOn) {
     EXPECT_TRUE(raw.ClosedByPeer(b.t.get()));
     ++i;
     ASSERT_EQ(b.h.down.size(), i);  // the inbound peer came up, then went down with the error
-    EXPECT_EQ(b.t->Stats().errors[static_cast<size_t>(c.want)], c.want == WireError::kBadMagic ? 2u : 1u);
+    EXPECT_EQ(b.t->Stats().errors[static_cast<size_t>(c.want)],
+              c.want == WireError::kBadMagic ? 2u : 1u);
   }
   EXPECT_EQ(b.t->Stats().malformed(), 8u);  // 7 header classes + the pre-handshake garbage
   EXPECT_TRUE(b.h.received.empty());
@@ -518,7 +551,8 @@ TEST(TcpTransport, KilledPeerFailsPendingSendsPromptly) {
   ASSERT_TRUE(a->h.acked.empty());
   const TimeNs killed = MonotonicNow();
   b.reset();  // closes with unread data: the kernel resets the connection
-  ASSERT_TRUE(PumpUntil({a->t.get()}, [&] { return !a->h.down.empty(); }, 3 * sched::kSecond));
+  ASSERT_TRUE(PumpUntil(
+      {a->t.get()}, [&] { return !a->h.down.empty(); }, 3 * sched::kSecond));
   EXPECT_LT(a->h.down_at[0] - killed, o.peer_timeout);
   EXPECT_EQ(a->h.down[0].second.code(), absl::StatusCode::kUnavailable) << a->h.down[0].second;
   ASSERT_EQ(a->h.failed.size(), static_cast<size_t>(kSends));
@@ -544,7 +578,8 @@ TEST(TcpTransport, SilentPeerTimesOutWithinTheConfiguredBound) {
   }
   const TimeNs posted = MonotonicNow();
   // b stays alive (its kernel even accepts bytes) but its engine never runs: no acks come.
-  ASSERT_TRUE(PumpUntil({a.t.get()}, [&] { return !a.h.down.empty(); }, 3 * sched::kSecond));
+  ASSERT_TRUE(PumpUntil(
+      {a.t.get()}, [&] { return !a.h.down.empty(); }, 3 * sched::kSecond));
   const TimeNs took = a.h.down_at[0] - posted;
   EXPECT_GE(took, o.peer_timeout);
   EXPECT_LT(took, o.peer_timeout + 1 * sched::kSecond);
@@ -614,7 +649,8 @@ TEST(TcpTransport, ConnectGivesUpAtTheDeadline) {
   s.region = *a.t->RegisterRegion_st(src.data(), src.size());
   s.length = 8;
   ASSERT_TRUE(a.t->PostSend_st(ab, s).ok());
-  ASSERT_TRUE(PumpUntil({a.t.get()}, [&] { return !a.h.down.empty(); }, 3 * sched::kSecond));
+  ASSERT_TRUE(PumpUntil(
+      {a.t.get()}, [&] { return !a.h.down.empty(); }, 3 * sched::kSecond));
   EXPECT_EQ(a.h.down[0].second.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(a.h.down[0].second.message().find("could not connect"), absl::string_view::npos);
   EXPECT_GE(a.h.down_at[0] - start, o.connect_deadline);
@@ -659,7 +695,8 @@ TEST(TcpTransport, PostSendChecksItsArguments) {
   EXPECT_EQ(a.t->PostSend_st(h, s).code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(a.t->Connect_st(Job(0, kToken, 5), "127.0.0.1:1", 0).status().code(),
             absl::StatusCode::kFailedPrecondition);  // job not added
-  EXPECT_EQ(a.t->Connect_st(Job(0), "127.0.0.1", 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a.t->Connect_st(Job(0), "127.0.0.1", 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(a.t->AddJob_st(Job(0, std::string(kMaxTokenBytes + 1, 'x'), 9)).code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -696,7 +733,6 @@ TEST(TcpTransport, RemoveJobClosesItsPeers) {
   EXPECT_EQ(a.t->RemoveJob_st(kJob).code(), absl::StatusCode::kNotFound);
 }
 
-
 // Connections that never present a token are capped apart from the slot pool: past
 // max_unauthenticated the oldest is evicted, and an authenticated peer still gets in.
 TEST(TcpTransport, TokenlessConnectionsAreCappedAndDoNotStarveRealPeers) {
@@ -718,8 +754,8 @@ TEST(TcpTransport, TokenlessConnectionsAreCappedAndDoNotStarveRealPeers) {
   ASSERT_TRUE(b.t->AddJob_st(Job(1)).ok());
   auto h = a.t->Connect_st(Job(0), Addr(port), MonotonicNow());
   ASSERT_TRUE(h.ok()) << h.status();
-  EXPECT_TRUE(PumpUntil({a.t.get(), b.t.get()},
-                        [&] { return a.h.up.size() == 1 && b.h.up.size() == 1; }));
+  EXPECT_TRUE(
+      PumpUntil({a.t.get(), b.t.get()}, [&] { return a.h.up.size() == 1 && b.h.up.size() == 1; }));
 }
 
 TEST(TcpTransport, AFloodOfTokenlessConnectionsPinsLittleMemoryAndNoneAfterwards) {
@@ -735,8 +771,8 @@ TEST(TcpTransport, AFloodOfTokenlessConnectionsPinsLittleMemoryAndNoneAfterwards
   ASSERT_TRUE(b.t->AddJob_st(Job(1)).ok());
   auto h = a.t->Connect_st(Job(0), Addr(port), MonotonicNow());
   ASSERT_TRUE(h.ok()) << h.status();
-  ASSERT_TRUE(PumpUntil({a.t.get(), b.t.get()},
-                        [&] { return a.h.up.size() == 1 && b.h.up.size() == 1; }));
+  ASSERT_TRUE(
+      PumpUntil({a.t.get(), b.t.get()}, [&] { return a.h.up.size() == 1 && b.h.up.size() == 1; }));
   // One authenticated connection each way is what real peers hold: the baseline.
   const uint64_t baseline = b.t->Stats().connection_buffer_bytes;
   EXPECT_GT(baseline, 0u);

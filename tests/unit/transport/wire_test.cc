@@ -110,17 +110,44 @@ TEST(WireCheck, EachMalformedClassHasItsOwnCode) {
       {"type 0", [](FrameHeader& h) { h.type = 0; }, WireError::kBadType},
       {"type 7", [](FrameHeader& h) { h.type = 7; }, WireError::kBadType},
       {"unknown flag", [](FrameHeader& h) { h.flags = 0x8000; }, WireError::kUnknownFlags},
-      {"ack flag on data", [](FrameHeader& h) { h.flags = kFlagAckRejected; }, WireError::kUnknownFlags},
-      {"too long", [](FrameHeader& h) { h.length = h.payload_bytes = (1 << 20) + 1; }, WireError::kTooLong},
+      {"ack flag on data", [](FrameHeader& h) { h.flags = kFlagAckRejected; },
+       WireError::kUnknownFlags},
+      {"too long", [](FrameHeader& h) { h.length = h.payload_bytes = (1 << 20) + 1; },
+       WireError::kTooLong},
       {"payload != length", [](FrameHeader& h) { h.payload_bytes = 99; }, WireError::kBadLength},
       {"dtype 3", [](FrameHeader& h) { h.dtype = 3; }, WireError::kBadField},
       {"direction 2", [](FrameHeader& h) { h.direction = 2; }, WireError::kBadField},
       {"offset wraps", [](FrameHeader& h) { h.offset = ~0ull - 10; }, WireError::kBadField},
-      {"hello body size", [](FrameHeader& h) { h.type = 1; h.payload_bytes = kHelloBodyBytes + 1; }, WireError::kBadLength},
-      {"hello-ok with payload", [](FrameHeader& h) { h.type = 2; h.payload_bytes = 1; }, WireError::kBadLength},
-      {"ack with payload", [](FrameHeader& h) { h.type = 5; h.payload_bytes = 8; }, WireError::kBadLength},
-      {"reject too short", [](FrameHeader& h) { h.type = 3; h.payload_bytes = 4; }, WireError::kBadLength},
-      {"goodbye too long", [](FrameHeader& h) { h.type = 6; h.payload_bytes = kMaxControlPayloadBytes + 1; }, WireError::kBadLength},
+      {"hello body size",
+       [](FrameHeader& h) {
+         h.type = 1;
+         h.payload_bytes = kHelloBodyBytes + 1;
+       },
+       WireError::kBadLength},
+      {"hello-ok with payload",
+       [](FrameHeader& h) {
+         h.type = 2;
+         h.payload_bytes = 1;
+       },
+       WireError::kBadLength},
+      {"ack with payload",
+       [](FrameHeader& h) {
+         h.type = 5;
+         h.payload_bytes = 8;
+       },
+       WireError::kBadLength},
+      {"reject too short",
+       [](FrameHeader& h) {
+         h.type = 3;
+         h.payload_bytes = 4;
+       },
+       WireError::kBadLength},
+      {"goodbye too long",
+       [](FrameHeader& h) {
+         h.type = 6;
+         h.payload_bytes = kMaxControlPayloadBytes + 1;
+       },
+       WireError::kBadLength},
   };
   for (const MalformedCase& c : cases) {
     FrameHeader h = ValidData();
