@@ -76,7 +76,6 @@ Session::Session(uint64_t id, shm::UniqueFd socket, shm::PeerCredentials peer, s
       peer_(peer),
       arena_(std::move(arena)),
       ring_slots_(ring_slots),
-      layout_(layout),
       sq_efd_(std::move(sq_efd)),
       cq_efd_(std::move(cq_efd)),
       sq_header_(static_cast<gl_ring_header*>(arena_.At(layout.sq_offset, sizeof(gl_ring_header)))),

@@ -188,7 +188,6 @@ class Session {
   const shm::PeerCredentials peer_;
   shm::Arena arena_;
   const uint32_t ring_slots_;
-  const Layout layout_;
   shm::UniqueFd sq_efd_;  // client writes, daemon sleeps on it
   shm::UniqueFd cq_efd_;  // daemon writes, client sleeps on it
   gl_ring_header* sq_header_;

@@ -416,12 +416,7 @@ void FakeTransport::Conn::Reset() {
 }
 
 PeerInfo FakeTransport::InfoOf(const Conn& c) const {
-  PeerInfo p;
-  p.handle = conns_.HandleOf(c);
-  p.job_id = c.job >= 0 ? jobs_[c.job].creds.job_id : 0;
-  p.rank = c.peer_rank;
-  p.inbound = c.inbound;
-  return p;
+  return jobs_.PeerInfoOf(conns_.HandleOf(c), c.job, c.peer_rank, c.inbound);
 }
 
 PeerStats FakeTransport::PeerStatsOf(PeerHandle peer) const {

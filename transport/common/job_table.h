@@ -85,6 +85,17 @@ class JobTable {
 
   const Entry& operator[](int index) const { return entries_[static_cast<size_t>(index)]; }
 
+  // What the handler is told about a connection: its handle, its job's id (0 while it has none:
+  // an inbound connection before its hello), the peer's rank and the direction.
+  PeerInfo PeerInfoOf(PeerHandle handle, int job_index, uint16_t peer_rank, bool inbound) const {
+    PeerInfo p;
+    p.handle = handle;
+    p.job_id = job_index >= 0 ? (*this)[job_index].creds.job_id : 0;
+    p.rank = peer_rank;
+    p.inbound = inbound;
+    return p;
+  }
+
  private:
   std::deque<Entry> entries_;  // a deque: growing never moves an entry
 };

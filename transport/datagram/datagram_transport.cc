@@ -811,12 +811,7 @@ DatagramTransport::Conn* DatagramTransport::AllocConn() {
 }
 
 PeerInfo DatagramTransport::InfoOf(const Conn& c) const {
-  PeerInfo p;
-  p.handle = conns_.HandleOf(c);
-  p.job_id = c.job_index >= 0 ? jobs_[c.job_index].creds.job_id : 0;
-  p.rank = c.peer_rank;
-  p.inbound = c.inbound;
-  return p;
+  return jobs_.PeerInfoOf(conns_.HandleOf(c), c.job_index, c.peer_rank, c.inbound);
 }
 
 // ---- stats ------------------------------------------------------------------------------------

@@ -765,12 +765,7 @@ void TcpTransport::EvictOldestUnauthenticatedIfFull() {
 }
 
 PeerInfo TcpTransport::InfoOf(const Connection& c) const {
-  PeerInfo p;
-  p.handle = HandleOf(c);
-  p.job_id = c.job_index >= 0 ? jobs_[c.job_index].creds.job_id : 0;
-  p.rank = c.peer_rank;
-  p.inbound = c.inbound;
-  return p;
+  return jobs_.PeerInfoOf(HandleOf(c), c.job_index, c.peer_rank, c.inbound);
 }
 
 // ---- stats ------------------------------------------------------------------------------------
