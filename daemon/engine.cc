@@ -169,12 +169,13 @@ JobRuntime* Engine::ActivateJob_st(Session& session, TimeNs now) {
   JobRuntime& job = *jobs_[slot];
   job_by_session_[session.id()] = slot;
   counters_.jobs_active.Add_st(1);
-  JobError err = job.SetUp_st(session, now);
+  JobError err = job.Plan_st(session);
   if (err.status == GL_OK && job_by_wire_.contains(job.wire_id())) {
     err = {GL_E_ALREADY_EXISTS, absl::StrCat("job ", job.id(),
                                              " already has a rank on this daemon (one rank per "
                                              "daemon per job)")};
   }
+  if (err.status == GL_OK) err = job.SetUp_st(session, now);
   if (err.status == GL_OK) {
     for (auto& other : jobs_) {
       if (other != nullptr && other.get() != &job && other->failed() &&

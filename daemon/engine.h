@@ -7,7 +7,7 @@
 //   loop       PollOnce_st: client rings and control, transport progress, housekeeping at its
 //              interval, then each job's policy; Run sleeps on the clients' and the transport's
 //              descriptors when idle.
-//   job table  a job is created at its client's first post (JobRuntime::SetUp_st/Start_st),
+//   job table  a job is created at its client's first post (JobRuntime::Plan_st/SetUp_st/Start_st),
 //              found by session, by wire id (peers' frames) and by cookie (completions), and
 //              released once it ended and its goodbyes left.
 //   routing    every transport callback is handed to the job it belongs to, which hands it to

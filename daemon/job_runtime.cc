@@ -78,12 +78,15 @@ JobRuntime::~JobRuntime() {
 
 // ---------------------------------------------------------------------------- lifecycle ----
 
+JobError JobRuntime::Plan_st(const Session& session) {
+  const EngineOptions& options = host_.options();
+  return BuildJobPlan(session, options.default_policy, options.partition_bytes, options.reduce,
+                      &plan_);
+}
+
 JobError JobRuntime::SetUp_st(Session& session, TimeNs now) {
   const EngineOptions& options = host_.options();
   transport::Transport& transport = host_.transport_st();
-  JobError err = BuildJobPlan(session, options.default_policy, options.partition_bytes,
-                              options.reduce, &plan_);
-  if (err.status != GL_OK) return err;
   const std::string& id = plan_.info.job_id;
   policy_config_.name = plan_.policy_name;
   policy_config_.partition_bytes = options.partition_bytes;
@@ -595,7 +598,8 @@ void JobRuntime::FillSnapshot_st(JobSnapshot& js, bool client_present) {
   js.tensors = static_cast<uint32_t>(plan_.tensors.size());
   js.total_bytes = plan_.total_bytes;
   js.partitions = static_cast<uint32_t>(plan_.parts.size());
-  js.owned_partitions = static_cast<uint32_t>(shard_.owned().size());
+  // The plan's table until set-up hands it to the shard (a job that failed before has none).
+  js.owned_partitions = static_cast<uint32_t>(std::max(shard_.owned().size(), plan_.owned.size()));
   js.posts_pending = worker_.posts_pending();
   js.posts_completed = worker_.posts_completed();
   js.posts_failed = worker_.posts_failed();

@@ -94,7 +94,10 @@ class JobRuntime {
   JobRuntime& operator=(const JobRuntime&) = delete;
 
   // ---- lifecycle (control path) ----
-  // Builds the plan, the policy and the memory (arena alias, shard slab, manifests, each
+  // Builds the plan (BuildJobPlan): tensors, partitions, shard map, identity. Allocates no
+  // memory beyond it, so a duplicate job id is refused before anything is mapped.
+  JobError Plan_st(const Session& session);
+  // After Plan_st: the policy and the memory (arena alias, shard slab, manifests, each
   // registered with the transport). An error is to fail the job with.
   JobError SetUp_st(Session& session, sched::TimeNs now);
   // Once the engine routes the job's wire id here: registers the job with the transport and
