@@ -931,6 +931,34 @@ TEST(EngineTest, PostsBeforeTheJobAndOfLateTensorsAreRefused) {
   EXPECT_EQ(st[0], GL_E_BAD_TENSOR);
 }
 
+// One rank per daemon per job: a second client of the same job id on the same daemon is refused
+// before the engine maps anything of it, and the job it collided with carries on.
+TEST(EngineTest, ASecondRankOfAJobOnTheSameDaemonIsRefusedFirst) {
+  Cluster cluster(2, TestOptions(), "dup");
+  JobSpec job{"job-dup", 2, "bytescheduler", "secret", {{"a", 256, GL_DTYPE_F32, 0}}, 21};
+  RankClient first, second, other;
+  ASSERT_EQ(first.Setup(cluster.socket(0), job, 0), GL_OK);
+  ASSERT_EQ(first.Post(job, 0, 0, 0, 1), 1);
+  ASSERT_TRUE(cluster.WaitFor(0, [](const EngineStats& s) { return s.arena_aliases == 1; }));
+  ASSERT_EQ(second.Setup(cluster.socket(0), job, 1), GL_OK);
+  ASSERT_EQ(second.Post(job, 1, 0, 0, 1), 1);
+  const std::vector<int> refused = second.Wait(1);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0], GL_E_ALREADY_EXISTS);
+  EXPECT_EQ(cluster.Stats(0).arena_aliases, 1u);  // only the first job's arena is mapped
+  second.Close();
+  // Rank 1 where it belongs: the first job completes, exact.
+  std::thread t([&] {
+    ASSERT_EQ(other.Setup(cluster.socket(1), job, 1), GL_OK);
+    EXPECT_TRUE(other.Iterate(job, 1, 0, false));
+  });
+  const std::vector<int> done = first.Wait(1);
+  t.join();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0], GL_OK);
+  EXPECT_TRUE(first.ResultIsExact(job, 0, 0, false));
+}
+
 // ---- the same engine over kernel TCP on loopback: one engine thread per daemon.
 
 using TcpEngine = Engine;  // over TcpTransport
