@@ -154,7 +154,6 @@ class JobRuntime {
   uint16_t world() const { return plan_.world; }
   bool failed() const { return failed_; }
   gl_status fail_status() const { return fail_status_; }
-  bool has_policy() const { return policy_ != nullptr; }
   // Set once the job ended or failed and its client is gone: the engine releases it then.
   sched::TimeNs release_at() const { return release_at_; }
   // A rank said it leaves, or this rank's client closed: no new round can complete.
