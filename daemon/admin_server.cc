@@ -54,6 +54,7 @@ json JobsJson(const TelemetryState& st) {
               {"rank", j.rank},
               {"world", j.world},
               {"policy", j.policy},
+              {"mode", j.mode},
               {"phase", j.phase},
               {"tensors", j.tensors},
               {"bytes", j.total_bytes},

@@ -91,13 +91,18 @@ Session::Session(uint64_t id, shm::UniqueFd socket, shm::PeerCredentials peer, s
   cq_bell_ = shm::Doorbell(cq_header_, cq_efd_.get());
 }
 
+void Session::SetAbiVersion(uint32_t version) {
+  abi_version_ = version;
+  static_cast<gl_arena_header*>(arena_.At(0, sizeof(gl_arena_header)))->abi_version = version;
+}
+
 absl::Status Session::SendHelloReply(uint64_t request_id) {
   gl_hello_reply r{};
   r.header.type = GL_MSG_HELLO_REPLY;
   r.header.length = sizeof(r);
   r.header.request_id = request_id;
   r.status = GL_OK;
-  r.abi_version = GL_ABI_VERSION;
+  r.abi_version = abi_version_;
   r.session_id = id_;
   r.arena_bytes = arena_.size();
   CopyMessage(r.message, "welcome");
@@ -161,13 +166,20 @@ absl::Status Session::HandleRegisterJob_st(const void* message, size_t length,
   auto fail = [&](gl_status s, const std::string& why) {
     return Reply_st(GL_MSG_REPLY, request_id, s, why);
   };
-  gl_msg_register_job m;
-  if (length < sizeof(m)) return fail(GL_E_PROTOCOL, "register_job message too short");
-  std::memcpy(&m, message, sizeof(m));
-  if (uint64_t{m.peers_bytes} != length - sizeof(m)) {
-    return fail(GL_E_PROTOCOL, absl::StrCat("peers_bytes ", m.peers_bytes, " but ",
-                                            length - sizeof(m), " bytes follow"));
+  gl_msg_register_job m{};
+  // A version-1 client's message ends before `mode`: its job is a parameter-server job.
+  const size_t fixed = abi_version_ >= 2 ? sizeof(m) : GL_REGISTER_JOB_V1_BYTES;
+  if (length < fixed) return fail(GL_E_PROTOCOL, "register_job message too short");
+  std::memcpy(&m, message, fixed);
+  if (uint64_t{m.peers_bytes} != length - fixed) {
+    return fail(GL_E_PROTOCOL, absl::StrCat("peers_bytes ", m.peers_bytes, " but ", length - fixed,
+                                            " bytes follow"));
   }
+  if (m.mode != GL_MODE_PS && m.mode != GL_MODE_ALLREDUCE) {
+    return fail(GL_E_INVALID_ARGUMENT,
+                absl::StrCat("unknown job mode ", m.mode, " (0 = ps, 1 = allreduce)"));
+  }
+  if (m.reserved != 0) return fail(GL_E_INVALID_ARGUMENT, "reserved field not zero");
   if (job_ != nullptr) return fail(GL_E_ALREADY_EXISTS, "job already registered in this session");
   auto job = std::make_unique<JobInfo>();
   if (!FixedString(m.job_id, sizeof(m.job_id), &job->job_id) || job->job_id.empty()) {
@@ -188,7 +200,7 @@ absl::Status Session::HandleRegisterJob_st(const void* message, size_t length,
                 absl::StrCat(m.num_peers, " peer addresses for ", m.world_size, " ranks"));
   }
   if (m.num_peers > GL_MAX_PEERS) return fail(GL_E_INVALID_ARGUMENT, "too many peers");
-  const char* p = static_cast<const char*>(message) + sizeof(m);
+  const char* p = static_cast<const char*>(message) + fixed;
   size_t left = m.peers_bytes;
   for (uint32_t i = 0; i < m.num_peers; ++i) {
     const void* nul = std::memchr(p, '\0', left);
@@ -202,6 +214,7 @@ absl::Status Session::HandleRegisterJob_st(const void* message, size_t length,
   if (left != 0) return fail(GL_E_PROTOCOL, "bytes left over after the peer addresses");
   job->rank = m.rank;
   job->world_size = m.world_size;
+  job->mode = static_cast<gl_job_mode>(m.mode);
   job_ = std::move(job);
   return Reply_st(GL_MSG_REPLY, request_id, GL_OK, "job registered");
 }

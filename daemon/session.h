@@ -50,6 +50,7 @@ struct JobInfo {
   std::vector<std::string> peers;  // "host:port" of every rank's daemon, in rank order
   std::string policy;
   std::string auth_token;
+  gl_job_mode mode = GL_MODE_PS;
 };
 
 struct TensorInfo {
@@ -123,6 +124,10 @@ class Session {
   // Sends the hello reply with the arena memfd and both doorbell fds, then drops this side's
   // copy of the memfd (the mapping stays). On the creating thread, before the hand-off.
   absl::Status SendHelloReply(uint64_t request_id);
+  // The ABI version the client speaks (CheckHello accepted it), before SendHelloReply: the
+  // reply, the arena header and the control messages follow it.
+  void SetAbiVersion(uint32_t version);
+  uint32_t abi_version() const { return abi_version_; }
   // Replies `status` to a control message the server could not even read (too long, too many
   // fds), so that no request goes unanswered.
   absl::Status RefuseControl_st(uint64_t request_id, gl_status status, const std::string& why);
@@ -188,6 +193,7 @@ class Session {
   const shm::PeerCredentials peer_;
   shm::Arena arena_;
   const uint32_t ring_slots_;
+  uint32_t abi_version_ = GL_ABI_VERSION;
   shm::UniqueFd sq_efd_;  // client writes, daemon sleeps on it
   shm::UniqueFd cq_efd_;  // daemon writes, client sleeps on it
   gl_ring_header* sq_header_;

@@ -50,12 +50,13 @@ HelloCheck CheckHello(std::span<const uint8_t> bytes, const HelloLimits& limits)
                          absl::Hex(GL_ABI_MAGIC), "): not a gradlane client");
     return c;
   }
-  if (h.abi_version != GL_ABI_VERSION) {
+  if (h.abi_version < GL_ABI_VERSION_MIN || h.abi_version > GL_ABI_VERSION) {
     c.status = GL_E_BAD_VERSION;
     c.why = absl::StrCat("client speaks ABI version ", h.abi_version, ", this daemon speaks ",
-                         GL_ABI_VERSION);
+                         GL_ABI_VERSION_MIN, " to ", GL_ABI_VERSION);
     return c;
   }
+  c.abi_version = h.abi_version;
   if (h.header.type != GL_MSG_HELLO || h.header.length != sizeof(h) || h.reserved != 0) {
     c.status = GL_E_PROTOCOL;
     c.why = "malformed hello header";

@@ -30,6 +30,8 @@ struct HelloCheck {
   std::string why;           // the refusal's reason
   uint32_t ring_slots = 0;   // granted (status GL_OK)
   uint64_t arena_bytes = 0;  // granted (status GL_OK)
+  // The ABI the session speaks (status GL_OK): the client's, from GL_ABI_VERSION_MIN up to ours.
+  uint32_t abi_version = GL_ABI_VERSION;
 };
 
 HelloCheck CheckHello(std::span<const uint8_t> bytes, const HelloLimits& limits);

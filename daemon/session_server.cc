@@ -528,6 +528,7 @@ void SessionServer::HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf) 
     }
     return;
   }
+  (*session)->SetAbiVersion(hello.abi_version);
   auto live = std::make_unique<Live>();
   live->session = std::move(*session);
   if (absl::Status s = live->session->SendHelloReply(hello.request_id); !s.ok()) {

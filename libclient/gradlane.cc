@@ -335,7 +335,15 @@ int gl_connect(const gl_connect_options* options, gl_client** out) {
 }
 
 int gl_register_job(gl_client* c, const gl_job_info* job) {
+  return gl_register_job_mode(c, job, GL_MODE_PS);
+}
+
+int gl_register_job_mode(gl_client* c, const gl_job_info* job, int mode) {
   if (c == nullptr || job == nullptr) return Fail(c, GL_E_INVALID_ARGUMENT, "NULL argument");
+  if (mode != GL_MODE_PS && mode != GL_MODE_ALLREDUCE) {
+    return Fail(c, GL_E_INVALID_ARGUMENT,
+                absl::StrCat("unknown job mode ", mode, " (GL_MODE_PS or GL_MODE_ALLREDUCE)"));
+  }
   if (job->num_peers > GL_MAX_PEERS || (job->num_peers > 0 && job->peers == nullptr)) {
     return Fail(c, GL_E_INVALID_ARGUMENT, "peers");
   }
@@ -365,6 +373,7 @@ int gl_register_job(gl_client* c, const gl_job_info* job) {
   m.world_size = job->world_size;
   m.num_peers = job->num_peers;
   m.peers_bytes = static_cast<uint32_t>(peers.size());
+  m.mode = static_cast<uint32_t>(mode);
   std::string msg(reinterpret_cast<const char*>(&m), sizeof(m));
   msg += peers;
   gl_reply r{};

@@ -77,6 +77,12 @@ const char* gl_last_error(const gl_client* c);
 
 int gl_register_job(gl_client* c, const gl_job_info* job);
 
+/* Like gl_register_job, choosing how the job reduces its gradients: `mode` is a gl_job_mode
+ * (GL_MODE_PS, what gl_register_job registers, or GL_MODE_ALLREDUCE). Every rank of a job must
+ * choose the same mode; ranks that differ fail the job at its first post with GL_E_BAD_TENSOR
+ * and a message naming both modes. Since GRADLANE_1.1. */
+int gl_register_job_mode(gl_client* c, const gl_job_info* job, int mode);
+
 /* Registers a tensor; the daemon places its buffer in the arena. `priority` >= 0 (0 = most
  * urgent) or GL_PRIORITY_AUTO. `dtype` is a gl_dtype. */
 int gl_register_tensor(gl_client* c, const char* name, uint64_t bytes, int dtype, int32_t priority,

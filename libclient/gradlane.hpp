@@ -29,6 +29,7 @@ struct Job {
   std::vector<std::string> peers;
   std::string policy;
   std::string auth_token;
+  gl_job_mode mode = GL_MODE_PS;
 };
 
 struct Tensor {
@@ -69,7 +70,7 @@ class Client {
     gl_job_info info{job.job_id.c_str(), job.rank, job.world_size,
                      peers.empty() ? nullptr : peers.data(), static_cast<uint32_t>(peers.size()),
                      job.policy.c_str(), job.auth_token.c_str()};
-    return Wrap(gl_register_job(c_, &info));
+    return Wrap(gl_register_job_mode(c_, &info, job.mode));
   }
 
   Result RegisterTensor(const std::string& name, uint64_t bytes, gl_dtype dtype, int32_t priority,

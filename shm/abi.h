@@ -25,7 +25,10 @@ extern "C" {
 #endif
 
 #define GL_ABI_MAGIC 0x4E414C47u /* "GLAN" little-endian */
-#define GL_ABI_VERSION 1u
+#define GL_ABI_VERSION 2u
+/* The oldest client ABI the daemon still serves: version 1 differs only in
+ * gl_msg_register_job, which had no `mode` (such a job is a parameter-server job). */
+#define GL_ABI_VERSION_MIN 1u
 #define GL_CACHE_LINE 64u
 #define GL_DEFAULT_SOCKET_PATH "/run/gradlane/gradlaned.sock"
 
@@ -72,6 +75,12 @@ typedef enum gl_dtype { /* values match gradlane::sched::DType */
 } gl_dtype;
 
 #define GL_PRIORITY_AUTO (-1)
+
+/* How a job reduces its gradients; every rank of a job must choose the same. */
+typedef enum gl_job_mode {
+  GL_MODE_PS = 0,       /* co-located parameter servers: push to a key's shard, pull the result */
+  GL_MODE_ALLREDUCE = 1 /* ring all-reduce: reduce-scatter, then all-gather, per partition */
+} gl_job_mode;
 
 /* ---------------------------------------------------------------- control messages ----- */
 
@@ -127,7 +136,12 @@ typedef struct gl_msg_register_job {
   char auth_token[GL_AUTH_TOKEN_BYTES];
   uint32_t num_peers;
   uint32_t peers_bytes;
+  uint32_t mode;     /* gl_job_mode (ABI 2; a version-1 message ends before this field) */
+  uint32_t reserved; /* must be 0 */
 } gl_msg_register_job;
+
+/* What a version-1 client sends: the message above without its last two fields. */
+#define GL_REGISTER_JOB_V1_BYTES 256u
 
 typedef struct gl_msg_register_tensor {
   gl_msg_header header;
@@ -235,7 +249,9 @@ GL_STATIC_ASSERT(offsetof(gl_hello, arena_bytes) == 32, "gl_hello layout");
 GL_STATIC_ASSERT(sizeof(gl_hello_reply) == 168, "gl_hello_reply layout");
 GL_STATIC_ASSERT(offsetof(gl_hello_reply, session_id) == 24, "gl_hello_reply layout");
 GL_STATIC_ASSERT(offsetof(gl_hello_reply, message) == 40, "gl_hello_reply layout");
-GL_STATIC_ASSERT(sizeof(gl_msg_register_job) == 256, "gl_msg_register_job layout");
+GL_STATIC_ASSERT(sizeof(gl_msg_register_job) == 264, "gl_msg_register_job layout");
+GL_STATIC_ASSERT(offsetof(gl_msg_register_job, mode) == GL_REGISTER_JOB_V1_BYTES,
+                 "version 2 appends mode to the version-1 message");
 GL_STATIC_ASSERT(offsetof(gl_msg_register_job, rank) == 80, "gl_msg_register_job layout");
 GL_STATIC_ASSERT(offsetof(gl_msg_register_job, policy) == 88, "gl_msg_register_job layout");
 GL_STATIC_ASSERT(offsetof(gl_msg_register_job, num_peers) == 248, "gl_msg_register_job layout");

@@ -255,13 +255,13 @@ void PrintJobs(const json& r) {
     std::printf("no jobs\n");
     return;
   }
-  std::printf("%-20s %-9s %-13s %-10s %8s %10s %10s %10s %8s %8s\n", "JOB", "RANK", "POLICY",
-              "PHASE", "TENSORS", "BYTES", "ITERATION", "LAST IT", "MEAN IT", "PENDING");
+  std::printf("%-20s %-9s %-13s %-9s %-10s %8s %10s %10s %10s %8s %8s\n", "JOB", "RANK", "POLICY",
+              "MODE", "PHASE", "TENSORS", "BYTES", "ITERATION", "LAST IT", "MEAN IT", "PENDING");
   for (const json& j : jobs) {
     const std::string rank = Str(j, "rank") + "/" + Str(j, "world");
-    std::printf("%-20s %-9s %-13s %-10s %8s %10s %10s %10s %8s %8s\n", Str(j, "job").c_str(),
-                rank.c_str(), Str(j, "policy").c_str(), Str(j, "phase").c_str(),
-                Str(j, "tensors").c_str(), Bytes(Num(j, "bytes")).c_str(),
+    std::printf("%-20s %-9s %-13s %-9s %-10s %8s %10s %10s %10s %8s %8s\n", Str(j, "job").c_str(),
+                rank.c_str(), Str(j, "policy").c_str(), Str(j, "mode").c_str(),
+                Str(j, "phase").c_str(), Str(j, "tensors").c_str(), Bytes(Num(j, "bytes")).c_str(),
                 Str(j, "iteration").c_str(), Secs(Num(j, "last_iteration_seconds")).c_str(),
                 Secs(Num(j, "mean_iteration_seconds")).c_str(), Str(j, "posts_pending").c_str());
     if (j.contains("fail_reason")) std::printf("    failed: %s\n", Str(j, "fail_reason").c_str());

@@ -111,8 +111,8 @@ class Flags {
 
 // The job flags both tools take.
 inline const std::vector<std::string>& JobFlagNames() {
-  static const std::vector<std::string> k = {"socket", "job",   "rank",       "world",   "peers",
-                                             "policy", "token", "timeout_ms", "arena_mb"};
+  static const std::vector<std::string> k = {"socket", "job",   "rank",       "world",    "peers",
+                                             "policy", "token", "timeout_ms", "arena_mb", "mode"};
   return k;
 }
 
@@ -124,7 +124,8 @@ struct JobFlags {
   std::vector<std::string> peers;
   std::string policy;
   std::string token;
-  int timeout_ms = 30000;  // control calls and each wait for a completion
+  int timeout_ms = 30000;         // control calls and each wait for a completion
+  gl_job_mode mode = GL_MODE_PS;  // --mode=ps|allreduce
 };
 
 // Reads and checks the job flags. Prints the problem and returns false on error.
@@ -139,6 +140,12 @@ inline bool ReadJobFlags(const Flags& f, JobFlags* out) {
   out->token = f.Str("token");
   out->timeout_ms = static_cast<int>(f.Int("timeout_ms", 30000, &ok));
   if (!ok) return false;
+  const std::string mode = f.Str("mode", "ps");
+  if (mode != "ps" && mode != "allreduce") {
+    std::fprintf(stderr, "error: --mode must be ps or allreduce (got '%s')\n", mode.c_str());
+    return false;
+  }
+  out->mode = mode == "allreduce" ? GL_MODE_ALLREDUCE : GL_MODE_PS;
   if (out->socket.empty() || out->job.empty()) {
     std::fprintf(stderr, "error: --socket and --job are required\n");
     return false;
@@ -191,10 +198,12 @@ inline int ConnectAndRegister(const JobFlags& jf, uint64_t arena_bytes, gl_clien
   info.num_peers = static_cast<uint32_t>(peers.size());
   info.policy = jf.policy.empty() ? nullptr : jf.policy.c_str();
   info.auth_token = jf.token.empty() ? nullptr : jf.token.c_str();
-  s = gl_register_job(c, &info);
+  s = gl_register_job_mode(c, &info, jf.mode);
   if (s != GL_OK) {
-    std::fprintf(stderr, "error: gl_register_job(job %s, rank %u/%u, policy %s): %s (%s)\n",
-                 jf.job.c_str(), jf.rank, jf.world, jf.policy.c_str(), gl_strerror(s),
+    std::fprintf(stderr,
+                 "error: gl_register_job(job %s, rank %u/%u, policy %s, mode %s): %s (%s)\n",
+                 jf.job.c_str(), jf.rank, jf.world, jf.policy.c_str(),
+                 jf.mode == GL_MODE_ALLREDUCE ? "allreduce" : "ps", gl_strerror(s),
                  gl_last_error(c));
     gl_close(c);
     return s;

@@ -28,6 +28,7 @@ TIMEOUT = 7
 PRIORITY_AUTO = -1
 WHOLE_TENSOR = (1 << 64) - 1
 DTYPES = {"f32": 0, "float32": 0, "f16": 1, "float16": 1, "bf16": 2, "bfloat16": 2}
+MODES = {"ps": 0, "allreduce": 1}  # gl_job_mode
 STATUS_NAMES = {
     0: "OK", 1: "INVALID_ARGUMENT", 2: "BAD_MAGIC", 3: "BAD_VERSION", 4: "PERMISSION",
     5: "NO_MEMORY", 6: "AGAIN", 7: "TIMEOUT", 8: "DISCONNECTED", 9: "PROTOCOL",
@@ -88,6 +89,7 @@ _lib.gl_last_error.restype = ctypes.c_char_p
 _lib.gl_last_error.argtypes = [_P]
 _lib.gl_connect.argtypes = [ctypes.POINTER(_ConnectOptions), ctypes.POINTER(_P)]
 _lib.gl_register_job.argtypes = [_P, ctypes.POINTER(_JobInfo)]
+_lib.gl_register_job_mode.argtypes = [_P, ctypes.POINTER(_JobInfo), ctypes.c_int]
 _lib.gl_register_tensor.argtypes = [_P, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int,
                                     ctypes.c_int32, ctypes.POINTER(ctypes.c_uint32),
                                     ctypes.POINTER(_P)]
@@ -101,8 +103,8 @@ _lib.gl_session_id.restype = ctypes.c_uint64
 _lib.gl_session_id.argtypes = [_P]
 _lib.gl_close.restype = None
 _lib.gl_close.argtypes = [_P]
-for _f in (_lib.gl_connect, _lib.gl_register_job, _lib.gl_register_tensor, _lib.gl_post,
-           _lib.gl_poll, _lib.gl_wait):
+for _f in (_lib.gl_connect, _lib.gl_register_job, _lib.gl_register_job_mode,
+           _lib.gl_register_tensor, _lib.gl_post, _lib.gl_poll, _lib.gl_wait):
     _f.restype = ctypes.c_int
 
 
@@ -168,12 +170,16 @@ class Client:
     def session_id(self):
         return _lib.gl_session_id(self._c)
 
-    def register_job(self, job_id, rank, world_size, peers=(), policy=None, auth_token=None):
+    def register_job(self, job_id, rank, world_size, peers=(), policy=None, auth_token=None,
+                     mode="ps"):
+        """mode: "ps" (parameter servers, the default) or "allreduce" (ring all-reduce)."""
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r}: expected one of {sorted(MODES)}")
         arr = (ctypes.c_char_p * max(len(peers), 1))(*[p.encode() for p in peers])
         info = _JobInfo(job_id.encode(), rank, world_size, arr if peers else None, len(peers),
                         policy.encode() if policy else None,
                         auth_token.encode() if auth_token else None)
-        self._check(_lib.gl_register_job(self._c, ctypes.byref(info)))
+        self._check(_lib.gl_register_job_mode(self._c, ctypes.byref(info), MODES[mode]))
 
     def register_tensor(self, name, nbytes, dtype="f32", priority=PRIORITY_AUTO):
         if dtype not in DTYPES:

@@ -47,12 +47,26 @@ TEST(CheckHelloTest, DefaultsAndLimits) {
   EXPECT_EQ(Check(h, odd).ring_slots, 512u);
 }
 
+// A version-1 client (before job modes) is still served, in its own version: the session
+// then reads its 256-byte register_job as a parameter-server job.
+TEST(CheckHelloTest, TheOlderAbiIsServedInItsOwnVersion) {
+  gl_hello h = Valid();
+  h.abi_version = 1;
+  const HelloCheck c = Check(h);
+  EXPECT_EQ(c.status, GL_OK) << c.why;
+  EXPECT_EQ(c.abi_version, 1u);
+  h.abi_version = GL_ABI_VERSION;
+  EXPECT_EQ(Check(h).abi_version, GL_ABI_VERSION);
+}
+
 TEST(CheckHelloTest, Refusals) {
   gl_hello h = Valid();
   h.magic = 0x12345678;
   EXPECT_EQ(Check(h).status, GL_E_BAD_MAGIC);
   h = Valid();
   h.abi_version = GL_ABI_VERSION + 1;
+  EXPECT_EQ(Check(h).status, GL_E_BAD_VERSION);
+  h.abi_version = GL_ABI_VERSION_MIN - 1;
   EXPECT_EQ(Check(h).status, GL_E_BAD_VERSION);
   h = Valid();
   h.reserved = 1;
