@@ -41,6 +41,16 @@ uint64_t EnginePartitionBytes(const std::string& policy, uint64_t configured, sc
   return std::min(bytes, kMaxEnginePartitionBytes);
 }
 
+const char* ModeName(gl_job_mode mode) {
+  switch (mode) {
+    case GL_MODE_PS:
+      return "ps";
+    case GL_MODE_ALLREDUCE:
+      return "allreduce";
+  }
+  return "unknown";
+}
+
 uint64_t WireJobId(const std::string& job_id) {
   uint64_t h = kFnvOffset;
   Mix(h, job_id.data(), job_id.size());
@@ -48,9 +58,12 @@ uint64_t WireJobId(const std::string& job_id) {
 }
 
 uint64_t Fingerprint(const std::vector<TensorInfo>& tensors, uint32_t world_size,
-                     const std::string& policy, uint64_t partition_bytes, ps::ReduceOp reduce) {
+                     const std::string& policy, uint64_t partition_bytes, ps::ReduceOp reduce,
+                     gl_job_mode mode) {
   uint64_t h = kFnvOffset;
   MixValue(h, world_size);
+  // Mixed in only when not ps, so a ps job's fingerprint is what it was before modes existed.
+  if (mode != GL_MODE_PS) MixValue(h, static_cast<uint32_t>(mode) | 0x4D4F0000u);
   MixValue(h, partition_bytes);
   Mix(h, policy.data(), policy.size() + 0);
   MixValue(h, static_cast<uint8_t>(0xFF));  // separator: "ab"+"c" != "a"+"bc"
@@ -65,6 +78,37 @@ uint64_t Fingerprint(const std::vector<TensorInfo>& tensors, uint32_t world_size
   return h;
 }
 
+namespace {
+// Parameter-server mode: the shard map over the partitions, each part's owner and the table
+// of partitions this rank owns with their slab slots.
+JobError BuildShardPlan(const std::vector<ps::KeyBytes>& keys, JobPlan* plan) {
+  const std::string& id = plan->info.job_id;
+  auto map = ps::ShardMap::Build(keys, plan->world);
+  if (!map.ok()) {
+    return {GL_E_INTERNAL, absl::StrCat("job ", id, ": shard map: ", map.status().message())};
+  }
+  plan->shard_map = std::make_unique<ps::ShardMap>(std::move(*map));
+  plan->owned.clear();
+  uint64_t slab = 0;
+  for (size_t i = 0; i < plan->parts.size(); ++i) {
+    Part& p = plan->parts[i];
+    const uint32_t tid = plan->tensors[p.tensor].spec.id;
+    p.owner =
+        static_cast<uint16_t>(plan->shard_map->ShardOf(sched::MakeKey(tid, p.index)).value_or(0));
+    if (p.owner == plan->rank) {
+      OwnedPart o;
+      o.part = static_cast<uint32_t>(i);
+      o.slab_offset = slab;
+      slab += uint64_t{plan->world} * p.length;
+      p.owned = static_cast<int32_t>(plan->owned.size());
+      plan->owned.push_back(o);
+    }
+  }
+  plan->slab_bytes = slab;
+  return {};
+}
+}  // namespace
+
 JobError BuildJobPlan(const Session& session, const std::string& default_policy,
                       uint64_t partition_bytes, ps::ReduceOp reduce, JobPlan* plan) {
   const JobInfo* info = session.job_st();
@@ -72,6 +116,7 @@ JobError BuildJobPlan(const Session& session, const std::string& default_policy,
   plan->info = *info;
   plan->wire_id = WireJobId(info->job_id);
   plan->policy_name = info->policy.empty() ? default_policy : info->policy;
+  plan->mode = info->mode;
   plan->reduce = reduce;
   const std::string& id = info->job_id;
   if (info->world_size > ps::kMaxWorldSize) {
@@ -126,32 +171,28 @@ JobError BuildJobPlan(const Session& session, const std::string& default_policy,
     plan->total_bytes += t.bytes;
     plan->tensors.push_back(std::move(jt));
   }
-  auto map = ps::ShardMap::Build(keys, plan->world);
-  if (!map.ok()) {
-    return {GL_E_INTERNAL, absl::StrCat("job ", id, ": shard map: ", map.status().message())};
-  }
-  plan->shard_map = std::make_unique<ps::ShardMap>(std::move(*map));
   plan->owned.clear();
-  uint64_t slab = 0;
-  for (size_t i = 0; i < plan->parts.size(); ++i) {
-    Part& p = plan->parts[i];
-    const uint32_t tid = plan->tensors[p.tensor].spec.id;
-    p.owner =
-        static_cast<uint16_t>(plan->shard_map->ShardOf(sched::MakeKey(tid, p.index)).value_or(0));
-    if (p.owner == plan->rank) {
-      OwnedPart o;
-      o.part = static_cast<uint32_t>(i);
-      o.slab_offset = slab;
-      slab += uint64_t{plan->world} * p.length;
-      p.owned = static_cast<int32_t>(plan->owned.size());
-      plan->owned.push_back(o);
+  plan->slab_bytes = 0;
+  plan->staging_offset.clear();
+  plan->staging_bytes = 0;
+  if (plan->mode == GL_MODE_ALLREDUCE) {
+    // Every rank reduces a chunk of every partition: no owner, no shard slab.
+    for (Part& p : plan->parts) {
+      p.owner = plan->rank;
+      plan->staging_offset.push_back(plan->staging_bytes);
+      plan->staging_bytes += p.length;
     }
+  } else {
+    if (JobError e = BuildShardPlan(keys, plan); e.status != GL_OK) return e;
   }
-  plan->slab_bytes = slab;
-  plan->fingerprint = Fingerprint(tensors, plan->world, plan->policy_name, partition_bytes, reduce);
-  plan->manifest =
-      ManifestBody{kManifestMagic, plan->fingerprint, static_cast<uint32_t>(tensors.size()),
-                   plan->world, plan->total_bytes};
+  plan->fingerprint =
+      Fingerprint(tensors, plan->world, plan->policy_name, partition_bytes, reduce, plan->mode);
+  plan->manifest = ManifestBody{kManifestMagic,
+                                plan->fingerprint,
+                                static_cast<uint32_t>(tensors.size()),
+                                plan->world,
+                                static_cast<uint16_t>(plan->mode),
+                                plan->total_bytes};
   return {};
 }
 

@@ -12,6 +12,9 @@
 //     fails the job with a message naming both values.
 //   - Partition k of a tensor is PartitionPlan::Make(bytes, dtype, EnginePartitionBytes(...));
 //     the shard map is ps::ShardMap over those keys. Both depend only on the frozen list.
+//   - The mode (parameter servers or ring all-reduce) is part of the fingerprint and of the
+//     manifest; an all-reduce job has no shard map (every rank reduces a chunk of every
+//     partition, daemon/ring_role.h).
 //
 // Thread rules: everything here belongs to the engine thread. Building a plan allocates (control
 // path); the data path only indexes the vectors built here.
@@ -55,12 +58,15 @@ struct ManifestBody {
   uint64_t magic;         // 0  kManifestMagic
   uint64_t fingerprint;   // 8  Fingerprint() of the sender's frozen job
   uint32_t tensor_count;  // 16
-  uint32_t world_size;    // 20
-  uint64_t total_bytes;   // 24 sum of tensor bytes (for the error message)
+  uint16_t world_size;    // 20
+  // 22 gl_job_mode. A daemon from before all-reduce read bytes 20..23 as one uint32 world size:
+  // a ps job (mode 0) reads the same there, an all-reduce job as a different W (a mismatch).
+  uint16_t mode;
+  uint64_t total_bytes;  // 24 sum of tensor bytes (for the error message)
 };
 inline constexpr size_t kManifestBytes = 32;
 static_assert(sizeof(ManifestBody) == kManifestBytes);
-static_assert(offsetof(ManifestBody, tensor_count) == 16 &&
+static_assert(offsetof(ManifestBody, tensor_count) == 16 && offsetof(ManifestBody, mode) == 22 &&
               offsetof(ManifestBody, total_bytes) == 24);
 
 // The partition size the engine cuts every posted range with: the policy's own δ, so a policy
@@ -158,11 +164,16 @@ struct JobPlan {
   uint16_t rank = 0;
   uint16_t world = 1;
   std::string policy_name;
+  gl_job_mode mode = GL_MODE_PS;
   ps::ReduceOp reduce = ps::ReduceOp::kSum;
   std::vector<JobTensor> tensors;
   std::vector<Part> parts;
-  std::vector<OwnedPart> owned;  // partitions this rank's shard owns, in part order
-  uint64_t slab_bytes = 0;       // W slots of every owned partition
+  std::vector<OwnedPart> owned;  // ps: partitions this rank's shard owns, in part order
+  uint64_t slab_bytes = 0;       // ps: W slots of every owned partition
+  // All-reduce: where each partition's reduce-scatter chunks are staged (one partition's length
+  // each, in part order), and their sum.
+  std::vector<uint64_t> staging_offset;
+  uint64_t staging_bytes = 0;
   uint64_t fingerprint = 0;
   uint64_t total_bytes = 0;
   std::unique_ptr<ps::ShardMap> shard_map;
@@ -175,7 +186,9 @@ struct JobPlan {
 // The fingerprint of a frozen tensor list plus the knobs every rank must share (W, policy,
 // the configured partition size, the reduce op).
 uint64_t Fingerprint(const std::vector<TensorInfo>& tensors, uint32_t world_size,
-                     const std::string& policy, uint64_t partition_bytes, ps::ReduceOp reduce);
+                     const std::string& policy, uint64_t partition_bytes, ps::ReduceOp reduce,
+                     gl_job_mode mode = GL_MODE_PS);
+const char* ModeName(gl_job_mode mode);
 
 // Validates what the client registered and builds the frozen tensors, parts, shard map and the
 // owned-part table. Errors carry the gl_status to complete posts with and a readable message.

@@ -67,7 +67,8 @@ JobRuntime::JobRuntime(JobHost& host, uint32_t slot, uint32_t generation, uint64
       generation_(generation),
       session_id_(session_id),
       worker_(*this),
-      shard_(*this) {}
+      shard_(*this),
+      ring_(*this) {}
 
 JobRuntime::~JobRuntime() {
   if (arena_ != nullptr) {
@@ -112,7 +113,9 @@ JobError JobRuntime::SetUp_st(Session& session, TimeNs now) {
   auto region = transport.RegisterRegion_st(arena_, arena_bytes_);
   if (!region.ok()) return {GL_E_NO_MEMORY, std::string(region.status().message())};
   arena_region_ = *region;
-  if (absl::Status s = shard_.SetUp_st(std::move(plan_.owned), plan_.slab_bytes); !s.ok()) {
+  if (absl::Status s = allreduce() ? ring_.SetUp_st()
+                                   : shard_.SetUp_st(std::move(plan_.owned), plan_.slab_bytes);
+      !s.ok()) {
     return {GL_E_NO_MEMORY, std::string(s.message())};
   }
   manifest_in_.assign(plan_.world, ManifestBody{});
@@ -158,8 +161,10 @@ JobError JobRuntime::Start_st(TimeNs now) {
   }
   LogLine(absl::StrCat("job ", id(), " rank ", plan_.rank, "/", plan_.world,
                        " active: ", plan_.tensors.size(), " tensors, ", plan_.total_bytes,
-                       " bytes, ", plan_.parts.size(), " partitions (", shard_.owned().size(),
-                       " owned here), policy ", plan_.policy_name));
+                       " bytes, ", plan_.parts.size(), " partitions",
+                       allreduce() ? std::string(", ring all-reduce")
+                                   : absl::StrCat(" (", shard_.owned().size(), " owned here)"),
+                       ", policy ", plan_.policy_name));
   return {};
 }
 
@@ -241,6 +246,7 @@ void JobRuntime::Release_st() {
     *r = transport::kNoRegion;
   }
   shard_.Release_st();
+  ring_.Release_st();
   RemoveFromTransport_st();
   if (arena_ != nullptr) {
     ::munmap(arena_, arena_bytes_);
@@ -315,7 +321,7 @@ bool JobRuntime::End_st(TimeNs now) {
         (policy_ != nullptr && (policy_->queued_segments() > 0 || policy_->credit_in_use() > 0)) ||
         shard_.PullsPending();
     if (busy && now < drain_deadline_) return false;
-    if (int64_t round; shard_.HasOpenRound(&round)) {
+    if (int64_t round; allreduce() ? ring_.HasOpenRound(&round) : shard_.HasOpenRound(&round)) {
       // Peers contributed to a round this rank never will: they must fail, not wait.
       Fail_st(GL_E_DISCONNECTED, absl::StrCat("job ", id(),
                                               ": client left in the middle of "
@@ -433,7 +439,11 @@ void JobRuntime::OnSendAcked_st(const transport::SendCompletion& send, int rank,
     if (leave_acks_pending_ > 0) --leave_acks_pending_;
     return;
   }
-  if ((send.cookie & kCookiePull) != 0) {
+  if (allreduce()) {
+    if (Part* p = plan_.PartAt(sched::KeyTensor(send.key), send.offset)) {
+      ring_.OnSendAcked_st(*p, send.length);
+    }
+  } else if ((send.cookie & kCookiePull) != 0) {
     if (const Part* p = plan_.PartAt(sched::KeyTensor(send.key), send.offset)) {
       shard_.OnPullAcked_st(*p, send.length);
     }
@@ -489,6 +499,10 @@ RecvTarget JobRuntime::ResolveRecv_st(const transport::PeerInfo& peer,
       h.offset % esize != 0 || h.offset + h.length > p->offset + p->length) {
     return reject();
   }
+  if (allreduce()) {
+    const RecvTarget target = ring_.Resolve_st(static_cast<uint16_t>(r), *p, h, cookie);
+    return target.accept ? target : reject();
+  }
   if (h.direction == static_cast<uint8_t>(sched::Direction::kPush)) {
     if (p->owner != plan_.rank) return reject();
     OwnedPart& o = shard_.owned(p->owned);
@@ -520,6 +534,10 @@ void JobRuntime::OnRecvDone_st(const transport::PeerInfo& peer, const transport:
                     static_cast<uint16_t>(r), h.priority, {h.key, h.iteration, h.offset, h.length},
                     now);
   }
+  if (allreduce()) {
+    ring_.OnPlaced_st(*p, h, now);
+    return;
+  }
   if (h.direction == static_cast<uint8_t>(sched::Direction::kPush)) {
     if (p->owned >= 0) shard_.OnPushDone_st(*p, r);
     return;
@@ -530,6 +548,17 @@ void JobRuntime::OnRecvDone_st(const transport::PeerInfo& peer, const transport:
 void JobRuntime::OnLeave_st(uint16_t r) {
   peers_[r].left = true;
   any_left_ = true;
+  if (allreduce()) {
+    // Only the left neighbour sends to this rank. A round still waiting for its bytes can never
+    // complete; any other round gets what it needs from ranks still here (a rank that leaves
+    // without having finished a round is seen by its own right neighbour, whose failure then
+    // reaches every rank through the ring's connections). Posts after the leave fail at once
+    // (RingRole::OnPosted_st).
+    if (int64_t round; r == ring_.left() && ring_.MissingFromLeft(&round)) {
+      Fail_st(GL_E_DISCONNECTED, DepartureReason(round, static_cast<int>(r)));
+    }
+    return;
+  }
   if (int64_t round; shard_.MissingFrom(r, &round)) {
     Fail_st(GL_E_DISCONNECTED, absl::StrCat("job ", id(), ": rank ", r,
                                             " left the job without "
@@ -552,7 +581,8 @@ void JobRuntime::OnManifest_st(const transport::PeerInfo& peer) {
   const uint32_t r = peer.rank;
   const ManifestBody& m = manifest_in_[r];
   if (m.magic == kManifestMagic && m.fingerprint == plan_.fingerprint &&
-      m.tensor_count == plan_.manifest.tensor_count && m.world_size == plan_.world) {
+      m.tensor_count == plan_.manifest.tensor_count && m.world_size == plan_.world &&
+      m.mode == plan_.manifest.mode) {
     peers_[r].manifest_ok = true;
     ++manifests_in_;
     // This connection is the rank's from now on (it may not be the latest to have come up).
@@ -560,6 +590,13 @@ void JobRuntime::OnManifest_st(const transport::PeerInfo& peer) {
     return;
   }
   host_.counters_st().manifest_mismatches.Add_st(1);
+  if (m.magic == kManifestMagic && m.mode != plan_.manifest.mode) {
+    Fail_st(GL_E_BAD_TENSOR,
+            absl::StrCat("job ", id(), ": rank ", r, " registered the job in mode ",
+                         ModeName(static_cast<gl_job_mode>(m.mode)), ", this rank in mode ",
+                         ModeName(plan_.mode), ": every rank of a job must choose the same mode"));
+    return;
+  }
   Fail_st(GL_E_BAD_TENSOR,
           absl::StrCat("job ", id(), ": rank ", r, " registered ", m.tensor_count, " tensors (",
                        m.total_bytes, " bytes, W=", m.world_size, ", fingerprint ",
@@ -567,7 +604,7 @@ void JobRuntime::OnManifest_st(const transport::PeerInfo& peer) {
                        plan_.total_bytes, " bytes, W=", plan_.world, ", fingerprint ",
                        absl::Hex(plan_.fingerprint),
                        "): every rank must register the same tensors (name, bytes, dtype) "
-                       "in the same order, with the same policy and reduce op, before its "
+                       "in the same order, with the same policy, mode and reduce op, before its "
                        "first post"));
 }
 
@@ -580,6 +617,7 @@ void JobRuntime::FillSnapshot_st(JobSnapshot& js, bool client_present) {
   js.rank = plan_.rank;
   js.world = plan_.world;
   js.policy = plan_.policy_name;
+  js.mode = ModeName(plan_.mode);
   if (failed_ && fail_status_ == GL_E_DISCONNECTED && worker_.posts_failed() == 0 &&
       !client_present) {
     js.phase = "ended";  // its client closed; not a failure
@@ -606,7 +644,7 @@ void JobRuntime::FillSnapshot_st(JobSnapshot& js, bool client_present) {
   js.segments_sent = segments_sent_;
   js.segments_received = segments_received_;
   js.segments_rejected = segments_rejected_;
-  js.rounds_reduced = shard_.rounds_reduced();
+  js.rounds_reduced = allreduce() ? ring_.rounds_completed() : shard_.rounds_reduced();
   js.queued_segments = policy_ != nullptr ? policy_->queued_segments() : 0;
   js.credit_in_use = policy_ != nullptr ? policy_->credit_in_use() : 0;
   js.credit_window = policy_config_.credit_bytes;

@@ -7,8 +7,10 @@
 //                transport event of the job to the role it concerns.
 //   WorkerRole   (daemon/worker_role.h) the client's posts: cut at partition boundaries, fed
 //                to the policy as pushes, completed when every partition holds its result.
-//   ShardRole    (daemon/shard_role.h) the partitions this rank owns: the W contributions, the
-//                rank-ordered reduction, the pull responses.
+//   ShardRole    (daemon/shard_role.h) parameter-server mode: the partitions this rank owns,
+//                the W contributions, the rank-ordered reduction, the pull responses.
+//   RingRole     (daemon/ring_role.h) all-reduce mode: every partition's ring reduce-scatter
+//                and all-gather with the neighbours.
 // A transport event reaches its role in one step: the engine finds the job by cookie or wire
 // id and calls e.g. job.OnRecvDone_st, which hands a push to shard().OnPushDone_st and a pull
 // response to worker().OnResultPlaced_st.
@@ -30,6 +32,7 @@
 #include "absl/status/status.h"
 #include "daemon/engine_options.h"
 #include "daemon/job.h"
+#include "daemon/ring_role.h"
 #include "daemon/session.h"
 #include "daemon/shard_role.h"
 #include "daemon/telemetry.h"
@@ -162,6 +165,8 @@ class JobRuntime {
   const JobPlan& plan() const { return plan_; }
   WorkerRole& worker() { return worker_; }
   ShardRole& shard() { return shard_; }
+  RingRole& ring() { return ring_; }
+  bool allreduce() const { return plan_.mode == GL_MODE_ALLREDUCE; }
   JobHost& host() { return host_; }
   uint64_t Cookie(uint64_t flags, uint32_t dispatch) const {
     return MakeCookie(slot_, generation_, flags, dispatch);
@@ -210,6 +215,7 @@ class JobRuntime {
   JobPlan plan_;
   WorkerRole worker_;
   ShardRole shard_;
+  RingRole ring_;
   bool added_to_transport_ = false;
 
   Phase phase_ = Phase::kActive;

@@ -78,7 +78,10 @@ bool JobRuntime::SendDispatch_st(uint32_t d, size_t from, TimeNs now) {
     // policy's own key may name a coarser partition (fifo: the whole tensor, while the engine
     // cuts at kMaxEnginePartitionBytes).
     spec.key = sched::MakeKey(tid, p->index);
-    if (seg.direction == sched::Direction::kPush) {
+    if (allreduce()) {
+      ring_.SendSource(*p, seg, &spec.region, &spec.region_offset);
+      spec.cookie = Cookie(seg.direction == sched::Direction::kPull ? kCookiePull : 0, d);
+    } else if (seg.direction == sched::Direction::kPush) {
       spec.region = arena_region_;
       spec.region_offset = plan_.tensors[tid].arena_offset + seg.offset;
       spec.cookie = Cookie(0, d);

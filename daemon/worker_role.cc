@@ -78,7 +78,9 @@ void WorkerRole::OnPost_st(const PostDescriptor& post, TimeNs now) {
     const uint64_t lo = std::max(post.offset, p.offset);
     const uint64_t hi = std::min(post.offset + post.length, p.offset + p.length);
     p.posted += hi - lo;
-    if (p.owner == job_.rank()) {
+    if (plan.mode == GL_MODE_ALLREDUCE) {
+      job_.ring().OnPosted_st(i, prio, now);
+    } else if (p.owner == job_.rank()) {
       ShardRole& shard = job_.shard();
       OwnedPart& o = shard.owned(p.owned);
       if (!shard.Accept_st(o, job_.rank(), post.iteration, hi - lo)) {

@@ -1,10 +1,12 @@
 // daemon/worker_role.h — a job's worker role: the local client's posts.
 //
 // A post (one tensor's byte range for one iteration) is cut at the job's partition boundaries.
-// Pieces of partitions this rank's shard owns are contributed in place (the shard reads them
-// from the client's arena, no copy); the others enter the job's policy as pushes to their
-// shard. Pull responses are received straight into the client's arena. A post completes
-// (GL_OK) once every partition it touches holds the reduced result, and fails with the job.
+// In an all-reduce job every partition, once whole, starts its ring round (daemon/ring_role.h).
+// In a parameter-server job, pieces of partitions this rank's shard owns are contributed in place
+// (the shard reads them from the client's arena, no copy); the others enter the job's policy as
+// pushes to their shard. Pull responses are received straight into the client's arena. A post
+// completes (GL_OK) once every partition it touches holds the reduced result, and fails with the
+// job.
 //
 // Ownership: part of one JobRuntime, which owns the partitions (JobPlan::parts, whose worker
 // fields this role keeps). Thread rules: engine thread only. No allocation once the post pool

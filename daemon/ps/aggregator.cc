@@ -183,9 +183,10 @@ struct Elem<DType::kBF16, N>
 // results do not depend on where the vector/tail boundary falls (nor on the vector width).
 template <DType D>
 inline void ReduceTail(const std::byte* const* src, uint32_t n, uint64_t i, uint64_t elems,
-                       bool mean, std::byte* out) {
+                       uint32_t divide_by, std::byte* out) {
   using E = Elem<D, 4>;
-  const float divisor = static_cast<float>(n);
+  const bool mean = divide_by > 0;
+  const float divisor = static_cast<float>(divide_by);
   for (; i < elems; ++i) {
     const uint64_t off = i * E::kBytes;
     float acc = E::Load(src[0] + off);
@@ -201,9 +202,10 @@ inline void ReduceTail(const std::byte* const* src, uint32_t n, uint64_t i, uint
 // out == contributions[k] safe.
 template <DType D, int N>
 [[gnu::always_inline]] inline void ReduceBody(const std::byte* const* src, uint32_t n,
-                                              uint64_t elems, bool mean, std::byte* out) {
+                                              uint64_t elems, uint32_t divide_by, std::byte* out) {
   using E = Elem<D, N>;
-  const float divisor = static_cast<float>(n);
+  const bool mean = divide_by > 0;
+  const float divisor = static_cast<float>(divide_by);
   uint64_t i = 0;
   for (; i + N <= elems; i += N) {
     const uint64_t off = i * E::kBytes;
@@ -212,15 +214,16 @@ template <DType D, int N>
     if (mean) acc /= divisor;
     E::StoreVec(CanonicalizeNaN<N>(acc), out + off);
   }
-  ReduceTail<D>(src, n, i, elems, mean, out);
+  ReduceTail<D>(src, n, i, elems, divide_by, out);
 }
 
-using KernelFn = void (*)(const std::byte* const*, uint32_t, uint64_t, bool, std::byte*);
+// (inputs, how many, elements, divide by (0: do not), out)
+using KernelFn = void (*)(const std::byte* const*, uint32_t, uint64_t, uint32_t, std::byte*);
 
 template <DType D>
-void ReduceBaseline(const std::byte* const* src, uint32_t n, uint64_t elems, bool mean,
+void ReduceBaseline(const std::byte* const* src, uint32_t n, uint64_t elems, uint32_t divide_by,
                     std::byte* out) {
-  ReduceBody<D, 4>(src, n, elems, mean, out);
+  ReduceBody<D, 4>(src, n, elems, divide_by, out);
 }
 
 #if defined(__x86_64__)
@@ -228,8 +231,9 @@ void ReduceBaseline(const std::byte* const* src, uint32_t n, uint64_t elems, boo
 // -ffp-contract=off is set for this library, so no add is ever fused.
 template <DType D>
 __attribute__((target("avx2"))) void ReduceAvx2(const std::byte* const* src, uint32_t n,
-                                                uint64_t elems, bool mean, std::byte* out) {
-  ReduceBody<D, 8>(src, n, elems, mean, out);
+                                                uint64_t elems, uint32_t divide_by,
+                                                std::byte* out) {
+  ReduceBody<D, 8>(src, n, elems, divide_by, out);
 }
 
 // f16 on the AVX2 path: the software conversions cost ~40 integer ops per 8 lanes and make the
@@ -240,8 +244,10 @@ __attribute__((target("avx2"))) void ReduceAvx2(const std::byte* const* src, uin
 // function of its own rather than a specialization of ReduceAvx2: clang takes a specialization
 // with another target() for function multiversioning, and refuses it.
 __attribute__((target("avx2,f16c"))) void ReduceAvx2F16(const std::byte* const* src, uint32_t n,
-                                                        uint64_t elems, bool mean, std::byte* out) {
-  const __m256 divisor = _mm256_set1_ps(static_cast<float>(n));
+                                                        uint64_t elems, uint32_t divide_by,
+                                                        std::byte* out) {
+  const bool mean = divide_by > 0;
+  const __m256 divisor = _mm256_set1_ps(static_cast<float>(divide_by));
   const __m256 canonical = _mm256_castsi256_ps(_mm256_set1_epi32(kCanonicalNaN));
   uint64_t i = 0;
   for (; i + 8 <= elems; i += 8) {
@@ -256,7 +262,7 @@ __attribute__((target("avx2,f16c"))) void ReduceAvx2F16(const std::byte* const* 
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + off),
                      _mm256_cvtps_ph(acc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
-  ReduceTail<DType::kF16>(src, n, i, elems, mean, out);
+  ReduceTail<DType::kF16>(src, n, i, elems, divide_by, out);
 }
 #endif
 
@@ -310,6 +316,13 @@ std::string_view KernelIsaName(KernelIsa isa) {
 
 absl::Status ReduceInRankOrder(DType dtype, absl::Span<const std::byte* const> contributions,
                                uint64_t bytes, ReduceOp op, std::byte* out, KernelIsa isa) {
+  return ReduceInOrder(dtype, contributions, bytes,
+                       op == ReduceOp::kMean ? static_cast<uint32_t>(contributions.size()) : 0, out,
+                       isa);
+}
+
+absl::Status ReduceInOrder(DType dtype, absl::Span<const std::byte* const> contributions,
+                           uint64_t bytes, uint32_t divide_by, std::byte* out, KernelIsa isa) {
   const uint32_t elem = sched::DTypeBytes(dtype);
   if (contributions.empty() || contributions.size() > kMaxWorldSize) {
     return absl::InvalidArgumentError(
@@ -343,8 +356,8 @@ absl::Status ReduceInRankOrder(DType dtype, absl::Span<const std::byte* const> c
       break;
   }
   if (fn == nullptr) return absl::InvalidArgumentError("unknown dtype");
-  fn(contributions.data(), static_cast<uint32_t>(contributions.size()), bytes / elem,
-     op == ReduceOp::kMean, out);
+  fn(contributions.data(), static_cast<uint32_t>(contributions.size()), bytes / elem, divide_by,
+     out);
   return absl::OkStatus();
 }
 

@@ -73,6 +73,13 @@ absl::Status ReduceInRankOrder(sched::DType dtype, absl::Span<const std::byte* c
                                uint64_t bytes, ReduceOp op, std::byte* out,
                                KernelIsa isa = KernelIsa::kAuto);
 
+// The same, with the divisor given: out = (contributions[0] + ... + contributions[n-1]) / divide_by
+// (0: no division), the sum in f32 and rounded once. For a ring all-reduce, whose last step adds
+// two inputs but averages over W ranks.
+absl::Status ReduceInOrder(sched::DType dtype, absl::Span<const std::byte* const> contributions,
+                           uint64_t bytes, uint32_t divide_by, std::byte* out,
+                           KernelIsa isa = KernelIsa::kAuto);
+
 // The state of one key for one iteration at its shard: which ranks have contributed and where
 // their data lies, reduced in rank order once all W are in. Reusable across iterations via
 // `Begin`. Not thread-safe: owned by one engine thread.

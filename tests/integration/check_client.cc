@@ -17,6 +17,10 @@
 //      f32:      acc = x_0; acc += x_1; ... acc += x_{W-1}   (f32, rank order)
 //      f16/bf16: the same in f32 on the exactly widened values, then one round to nearest-even
 //      mean:     the f32 sum divided by W in f32, then rounded as above
+//      --mode=allreduce: the ring's order (daemon/ring_role.h): an element in chunk c of its
+//                partition (--ring_partition_bytes, the daemons' partition size) is summed
+//                x_c, x_{c+1}, ..., x_{c+W-1}, every partial sum rounded to the dtype, the mean
+//                dividing the last one
 //      a NaN result is the canonical quiet NaN (f32 0x7fc00000, f16 0x7e00, bf16 0x7fc0)
 //    The 16-bit conversions are written here independently of the daemon's (daemon/ps/half.h).
 //
@@ -338,6 +342,7 @@ struct Options {
   std::vector<uint64_t> sizes;  // element counts; empty = defaults per dtype
   uint64_t big_mb = 0;
   bool mean = false;
+  uint64_t ring_partition_bytes = 0;  // all-reduce: the partition size the daemons cut at
   int64_t stall_at = -1;
   bool expect_failure = false;
   bool quiet = false;
@@ -356,6 +361,7 @@ void Usage() {
                "         [--peers=h:p,h:p,...] [--policy=NAME] [--token=T] [--iterations=50]\n"
                "         [--seed=S] [--sizes=N,N,...(elements)] [--dtypes=f32,f16,bf16]\n"
                "         [--big_mb=M] [--reduce=sum|mean] [--timeout_ms=30000]\n"
+               "         [--mode=ps|allreduce --ring_partition_bytes=B]\n"
                "         [--stall_at=K] [--expect_failure] [--quiet] [--progress_file=PATH]\n");
 }
 
@@ -435,18 +441,31 @@ void Checker::BuildTensorList() {
 }
 
 // The per-element work, instantiated per dtype so the dtype switches fold away.
+// `ring_part_elems` 0: rank order; else the ring's order within partitions of that many elements.
 template <gl_dtype DT>
 void FillT(std::byte* own, std::byte* expected, uint64_t elems, const uint64_t* base, uint32_t W,
-           uint32_t rank, uint64_t col_base, bool mean) {
+           uint32_t rank, uint64_t col_base, bool mean, uint64_t ring_part_elems) {
   const float wf = static_cast<float>(W);
   for (uint64_t i = 0; i < elems; ++i) {
     const bool special = SpecialColumn(col_base, i);
+    uint32_t first = 0;
+    if (ring_part_elems > 0) {
+      // Chunk c of a partition of n elements is [c·n/W, (c+1)·n/W): the first c whose end lies
+      // past element e is ceil((e+1)·W/n) - 1.
+      const uint64_t k = i / ring_part_elems;
+      const uint64_t n = std::min(ring_part_elems, elems - k * ring_part_elems);
+      const uint64_t e = i - k * ring_part_elems;
+      first = static_cast<uint32_t>(((e + 1) * W + n - 1) / n - 1);
+    }
     float acc = 0;
-    for (uint32_t r = 0; r < W; ++r) {
+    for (uint32_t j = 0; j < W; ++j) {
+      const uint32_t r = (first + j) % W;
       const uint32_t bits = ElementBits(DT, Mix(base[r] + i), special);
       if (r == rank) StoreBits(own, DT, i, bits);
       const float v = Widen(DT, bits);
-      acc = r == 0 ? v : acc + v;
+      acc = j == 0 ? v : acc + v;
+      // A ring's partial sum travels in the dtype: rounded after every addition but the last.
+      if (ring_part_elems > 0 && j > 0 && j + 1 < W) acc = Widen(DT, Narrow(DT, acc));
     }
     if (mean) acc = acc / wf;
     StoreBits(expected, DT, i, Narrow(DT, acc));
@@ -460,18 +479,21 @@ uint64_t Checker::Fill(size_t ti, int64_t iter) {
   std::vector<uint64_t> base(W);
   for (uint32_t r = 0; r < W; ++r) base[r] = Hash(o_.seed, r, static_cast<uint64_t>(iter), ti);
   t.expected.resize(t.bytes);
+  const uint64_t esize = t.dtype == GL_DTYPE_F32 ? 4 : 2;
+  const uint64_t ring_part_elems =
+      o_.job.mode == GL_MODE_ALLREDUCE ? std::max<uint64_t>(1, o_.ring_partition_bytes / esize) : 0;
   switch (t.dtype) {
     case GL_DTYPE_F32:
       FillT<GL_DTYPE_F32>(t.buf, t.expected.data(), t.elems, base.data(), W, o_.job.rank, col_base,
-                          o_.mean);
+                          o_.mean, ring_part_elems);
       break;
     case GL_DTYPE_F16:
       FillT<GL_DTYPE_F16>(t.buf, t.expected.data(), t.elems, base.data(), W, o_.job.rank, col_base,
-                          o_.mean);
+                          o_.mean, ring_part_elems);
       break;
     case GL_DTYPE_BF16:
       FillT<GL_DTYPE_BF16>(t.buf, t.expected.data(), t.elems, base.data(), W, o_.job.rank, col_base,
-                           o_.mean);
+                           o_.mean, ring_part_elems);
       break;
   }
   return t.elems;
@@ -741,7 +763,7 @@ int main(int argc, char** argv) {
   Flags f;
   std::vector<std::string> known = gradlane::testing::JobFlagNames();
   known.insert(known.end(), {"iterations", "seed", "sizes", "dtypes", "big_mb", "reduce",
-                             "stall_at", "linger_ms", "progress_file"});
+                             "stall_at", "linger_ms", "progress_file", "ring_partition_bytes"});
   if (!f.Parse(argc, argv, known, {"expect_failure", "quiet", "self_test"})) {
     Usage();
     return 2;
@@ -771,6 +793,13 @@ int main(int argc, char** argv) {
     ok = false;
   }
   o.mean = reduce == "mean";
+  o.ring_partition_bytes = static_cast<uint64_t>(f.Int("ring_partition_bytes", 0, &ok));
+  if (o.job.mode == GL_MODE_ALLREDUCE && o.ring_partition_bytes == 0) {
+    std::fprintf(stderr,
+                 "error: --mode=allreduce needs --ring_partition_bytes (the reference "
+                 "follows the ring's order within each partition)\n");
+    ok = false;
+  }
   for (const std::string& d : Flags::Split(f.Str("dtypes", "f32,f16,bf16"), ',')) {
     if (d == "f32")
       o.dtypes.push_back(GL_DTYPE_F32);

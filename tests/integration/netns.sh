@@ -324,5 +324,5 @@ gl_daemon_alive() { [[ -n ${GL_DPID[$1]} ]] && kill -0 "${GL_DPID[$1]}" 2>/dev/n
 
 gl_peers() {
   local IFS=,
-  echo "${GL_ADDR[*]}"
+  echo "${GL_ADDR[*]:0:GL_W}"  # the job's ranks: a job may use the first W of the hosts
 }

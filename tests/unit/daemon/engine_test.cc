@@ -250,7 +250,56 @@ struct JobSpec {
   std::vector<TensorDef> tensors;
   uint64_t seed = 1;
   std::vector<std::string> peers;  // empty: the fake addresses h0:1, h1:1, ...
+  gl_job_mode mode = GL_MODE_PS;
 };
+
+float Rounded(gl_dtype dt, float v) {
+  if (dt == GL_DTYPE_F16) return ps::F16ToF32(ps::F32ToF16(v));
+  if (dt == GL_DTYPE_BF16) return ps::Bf16ToF32(ps::F32ToBf16(v));
+  return v;
+}
+
+// The ring all-reduce's order (daemon/ring_role.h), computed independently of the daemon: an
+// element in chunk c of its partition is summed c, c+1, ..., c+W-1, each partial sum rounded to
+// the dtype (it travels in it), the last addition divided by W for a mean. The daemons run
+// TestOptions (partitions of kPartition bytes) and the job names its policy.
+std::vector<uint8_t> RingReference(const JobSpec& job, int64_t iter, size_t ti, bool mean) {
+  const TensorDef& t = job.tensors[ti];
+  const size_t elem = t.dtype == GL_DTYPE_F32 ? 4 : 2;
+  const auto dtype = static_cast<sched::DType>(t.dtype);
+  const sched::PartitionPlan plan = sched::PartitionPlan::Make(
+      t.bytes, dtype, EnginePartitionBytes(job.policy, kPartition, dtype));
+  const uint64_t part_elems = plan.partition_bytes() / elem;
+  const uint64_t w = static_cast<uint64_t>(job.world);
+  std::vector<uint8_t> out(t.bytes);
+  for (uint64_t i = 0; i < t.bytes / elem; ++i) {
+    const uint64_t k = i / part_elems;
+    const uint64_t n = std::min(part_elems, t.bytes / elem - k * part_elems);
+    const uint64_t e = i - k * part_elems;
+    uint64_t c = 0;
+    while ((c + 1) * n / w <= e) ++c;
+    float acc = 0;
+    for (uint64_t j = 0; j < w; ++j) {
+      const int r = static_cast<int>((c + j) % w);
+      const float v = Rounded(t.dtype, Value(job.seed, r, iter, ti, i));
+      if (j == 0) {
+        acc = v;
+      } else if (j + 1 < w) {
+        acc = Rounded(t.dtype, acc + v);
+      } else {
+        acc = acc + v;
+        if (mean) acc = acc / static_cast<float>(w);
+      }
+    }
+    if (t.dtype == GL_DTYPE_F32) {
+      std::memcpy(&out[4 * i], &acc, 4);
+    } else {
+      const uint16_t h = t.dtype == GL_DTYPE_F16 ? ps::F32ToF16(acc) : ps::F32ToBf16(acc);
+      std::memcpy(&out[2 * i], &h, 2);
+    }
+  }
+  return out;
+}
 
 // One rank's client.
 class RankClient {
@@ -286,7 +335,7 @@ class RankClient {
     info.num_peers = job.world;
     info.policy = job.policy.empty() ? nullptr : job.policy.c_str();
     info.auth_token = token.c_str();
-    s = gl_register_job(c_, &info);
+    s = gl_register_job_mode(c_, &info, job.mode);
     if (s != GL_OK) return s;
     for (const TensorDef& t : job.tensors) {
       uint32_t id = 0;
@@ -327,7 +376,9 @@ class RankClient {
     return gl_post(c_, ids_[ti], iter, offset, length, ti);
   }
   bool ResultIsExact(const JobSpec& job, int64_t iter, size_t ti, bool mean) const {
-    const auto want = Reference(job.tensors[ti], job.seed, job.world, iter, ti, mean);
+    const auto want = job.mode == GL_MODE_ALLREDUCE
+                          ? RingReference(job, iter, ti, mean)
+                          : Reference(job.tensors[ti], job.seed, job.world, iter, ti, mean);
     return std::memcmp(want.data(), bufs_[ti], job.tensors[ti].bytes) == 0;
   }
 
@@ -358,7 +409,9 @@ class RankClient {
     if (!ok) return false;
     for (size_t ti = 0; ti < job.tensors.size(); ++ti) {
       const TensorDef& t = job.tensors[ti];
-      const auto want = Reference(t, job.seed, job.world, iter, ti, mean);
+      const auto want = job.mode == GL_MODE_ALLREDUCE
+                            ? RingReference(job, iter, ti, mean)
+                            : Reference(t, job.seed, job.world, iter, ti, mean);
       if (std::memcmp(want.data(), bufs_[ti], t.bytes) != 0) {
         ADD_FAILURE() << "rank " << rank << " iteration " << iter << " tensor " << t.name
                       << ": result differs from the rank-ordered reference";
@@ -488,6 +541,123 @@ TEST_P(PolicyTest, ThreeRanksEveryDtypeAwkwardSizesBitExact) {
 
 INSTANTIATE_TEST_SUITE_P(AllPolicies, PolicyTest,
                          ::testing::Values("fifo", "p3", "bytescheduler", "prophet", "gradlane"));
+
+// All-reduce: W = 2, 3, 4 ranks, every policy, every dtype with awkward sizes (tensors of fewer
+// elements than ranks leave chunks empty), bit-exact to the ring's order on every rank, for
+// several iterations (a rank may run one iteration ahead of its right neighbour).
+class AllReduceTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(AllReduceTest, RingIsBitExactOnEveryRank) {
+  const auto [world, policy] = GetParam();
+  const std::string tag = absl::StrCat("ar", world, "-", policy);
+  Cluster cluster(world, TestOptions(), tag);
+  JobSpec job{"job-" + tag, world, policy, "secret", AwkwardTensors(), 77};
+  job.mode = GL_MODE_ALLREDUCE;
+  RunJob(cluster, job, 4, /*mean=*/false);
+  for (int i = 0; i < world; ++i) {
+    const EngineStats s = cluster.Stats(i);
+    EXPECT_EQ(s.jobs_failed, 0u);
+    EXPECT_GT(s.rounds_reduced, 0u);
+    EXPECT_EQ(s.segments_rejected, 0u);
+  }
+  for (int i = 0; i < world; ++i) {
+    EXPECT_TRUE(cluster.WaitFor(i, [](const EngineStats& s) {
+      return s.jobs_active == 0 && s.arena_aliases == 0;
+    }));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, AllReduceTest,
+                         ::testing::Combine(::testing::Values(2, 3, 4),
+                                            ::testing::Values("fifo", "p3", "bytescheduler",
+                                                              "prophet", "gradlane")),
+                         [](const ::testing::TestParamInfo<std::tuple<int, std::string>>& info) {
+                           return absl::StrCat("W", std::get<0>(info.param), "_",
+                                               std::get<1>(info.param));
+                         });
+
+TEST(EngineTest, AllReduceMeanIsBitExact) {
+  Cluster cluster(3, TestOptions(), "ar-mean",
+                  [](int, EngineOptions& o) { o.reduce = ps::ReduceOp::kMean; });
+  JobSpec job{"job-ar-mean", 3, "bytescheduler", "secret", AwkwardTensors(), 78};
+  job.mode = GL_MODE_ALLREDUCE;
+  RunJob(cluster, job, 3, /*mean=*/true);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(cluster.Stats(i).jobs_failed, 0u);
+}
+
+TEST(EngineTest, AllReduceSingleRankCompletesWithItsOwnGradient) {
+  Cluster cluster(1, TestOptions(), "ar-single");
+  JobSpec job{"job-ar-single", 1, "bytescheduler", "secret", AwkwardTensors(), 79};
+  job.mode = GL_MODE_ALLREDUCE;
+  RunJob(cluster, job, 2, /*mean=*/false);
+  EXPECT_EQ(cluster.Stats(0).jobs_failed, 0u);
+}
+
+// Ranks that choose different modes fail the job on every rank: the rank that reads the other's
+// manifest first with GL_E_BAD_TENSOR (its log names both modes), the other as its peer hangs up.
+TEST(EngineTest, RanksThatDisagreeOnTheModeFailTheJob) {
+  Cluster cluster(2, TestOptions(), "ar-mismatch");
+  JobSpec job{"job-ar-mismatch", 2, "bytescheduler", "secret", AwkwardTensors(), 80};
+  JobSpec other = job;
+  other.mode = GL_MODE_ALLREDUCE;
+  std::vector<std::vector<int>> st(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      RankClient c;
+      const JobSpec& mine = r == 1 ? other : job;
+      ASSERT_EQ(c.Setup(cluster.socket(r), mine, r), GL_OK);
+      const int n = c.Post(mine, r, 0, 0, mine.tensors.size());
+      st[r] = c.Wait(n);
+      EXPECT_EQ(static_cast<int>(st[r].size()), n) << "rank " << r;
+    });
+  }
+  for (auto& t : threads) t.join();
+  bool bad_tensor = false;
+  for (int r = 0; r < 2; ++r) {
+    for (int s : st[r]) {
+      EXPECT_NE(s, GL_OK) << "rank " << r;
+      bad_tensor = bad_tensor || s == GL_E_BAD_TENSOR;
+    }
+  }
+  EXPECT_TRUE(bad_tensor);
+  EXPECT_GT(cluster.Stats(0).manifest_mismatches + cluster.Stats(1).manifest_mismatches, 0u);
+}
+
+// A client that dies in the middle of an all-reduce iteration fails its peers' posts with
+// GL_E_DISCONNECTED (no hang), and the next job on the same daemons works.
+TEST(EngineTest, AllReduceRankDeathFailsSurvivorsThenTheNextJobWorks) {
+  Cluster cluster(3, TestOptions(), "ar-death");
+  JobSpec job{"job-ar-death", 3, "bytescheduler", "secret", AwkwardTensors(), 81};
+  job.mode = GL_MODE_ALLREDUCE;
+  std::vector<std::vector<int>> st(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      RankClient c;
+      ASSERT_EQ(c.Setup(cluster.socket(r), job, r), GL_OK);
+      ASSERT_TRUE(c.Iterate(job, r, 0, false));
+      if (r == 2) {
+        // Posts half of iteration 1, then goes away.
+        c.PostRange(job, r, 1, 0, 0, GL_WHOLE_TENSOR);
+        c.Close();
+        return;
+      }
+      const int n = c.Post(job, r, 1, 0, job.tensors.size());
+      st[r] = c.Wait(n, 20000);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(st[r].empty()) << "rank " << r;
+    bool disconnected = false;
+    for (int s : st[r]) disconnected = disconnected || s == GL_E_DISCONNECTED;
+    EXPECT_TRUE(disconnected) << "rank " << r;
+  }
+  JobSpec next = job;
+  next.job_id = "job-ar-death-next";
+  RunJob(cluster, next, 2, /*mean=*/false);
+}
 
 // Pushes folded into the result as their pieces arrive (what the DPDK backend does with each
 // packet) give the same bits as the end-of-round reduction, also when a piece ends inside an
