@@ -9,6 +9,7 @@
 #
 #   tests/bench/goodput.sh [BUILD_DIR]         default build dir: build
 #   env: GOODPUT_BYTES (1073741824), GOODPUT_POLICY (bytescheduler), GOODPUT_ITERATIONS (3),
+#        GOODPUT_MODE (ps; allreduce: the same tensor by ring all-reduce),
 #        GOODPUT_WARMUP (2),
 #        GOODPUT_RATES ("unshaped 5gbit": one measurement per entry), GOODPUT_IPERF_SECONDS (4),
 #        GOODPUT_NICE (-10: the daemons, clients and iperf3 alike inherit it, so a build running
@@ -23,6 +24,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 bdir=${1:-$root/build}
 bytes=${GOODPUT_BYTES:-1073741824}
 policy=${GOODPUT_POLICY:-bytescheduler}
+mode=${GOODPUT_MODE:-ps}
 iters=${GOODPUT_ITERATIONS:-3}
 warmup=${GOODPUT_WARMUP:-2}
 rates=(${GOODPUT_RATES:-unshaped 5gbit})

@@ -1,7 +1,8 @@
 # tests/bench/goodput_lib.sh — what goodput.sh and dpdk_goodput.sh share: one tensor of
 # $bytes bytes reduced by W = 2 daemons (netns.sh hosts 0 and 1, daemons already started) with
 # gradlane-replay on a one-layer, zero-compute profile. Sourced after netns.sh, with $bytes,
-# $policy, $iters and $replay set ($warmup: iterations run first and not counted, default 2).
+# $policy, $iters and $replay set ($warmup: iterations run first and not counted, default 2;
+# $mode: ps (default) or allreduce).
 #
 # goodput = S / (time of one reduction, client post to client completion). With W = 2 in
 # parameter-server mode each host's link carries, in each direction, 2(W-1)/W x S = S bytes per
@@ -12,6 +13,8 @@
 # wait for iteration k-1's results: row 0 is ~0 and row 1 is the job's first reduction, which
 # also connects the peers, exchanges manifests and first touches every buffer (30% slower), so
 # both are warm-up.
+# In all-reduce mode the ring moves the same 2(W-1)/W x S per direction (W = 2: S), so the same
+# goodput over the link rate is the fraction of the ring's bandwidth bound 2(W-1)/W · S / B.
 
 # goodput_binaries BUILD_DIR [EXTRA...] : sets GL_DAEMON and replay from the build dir; exits 77
 # (skip) naming the first of them, or of the extra programs, that is not built.
@@ -40,7 +43,7 @@ goodput_reduce() {
   for r in 0 1; do
     gl_bg "$r" "replay-$tag.r$r" "$replay" --profile="$GL_TMP/one-tensor.json" \
       --socket="${GL_SOCK[r]}" --job="goodput-$tag" --rank="$r" --world=2 --peers="$peers" \
-      --policy="$policy" --token=goodput --iterations="$iters" --warmup="${warmup:-2}" --timeout_ms=60000 \
+      --policy="$policy" --mode="${mode:-ps}" --token=goodput --iterations="$iters" --warmup="${warmup:-2}" --timeout_ms=60000 \
       --csv="$GL_TMP/$tag.r$r.csv" --quiet
   done
   for r in 0 1; do

@@ -8,7 +8,8 @@
 // leaves the host CPU to the daemon; unlike a GPU, nothing touches memory bandwidth.
 //
 // One tensor per layer that has parameters (f32, param_bytes rounded up to whole elements),
-// priority = layer index (or --priority=auto). Per iteration k:
+// priority = layer index (or --priority=auto: learnt by the daemon; tic, tac, pace: computed from
+// the profile's layer chain as gradlane-sim does, sched/profile_priorities.h). Per iteration k:
 //   forward:  for layer i = 0..L-1: wait until layer i's result of iteration k-1 is back
 //             (k > 0), then sleep fwd_us(i);
 //   backward: post layer i's gradient at ready_us(i) after backward began (ready_us from the
@@ -40,6 +41,8 @@
 
 #include "libclient/gradlane.h"
 #include "sched/model_profile.h"
+#include "sched/priority.h"
+#include "sched/profile_priorities.h"
 #include "tests/integration/client_flags.h"
 
 namespace {
@@ -71,8 +74,9 @@ void Usage() {
   std::fprintf(stderr,
                "usage: gradlane-replay --profile=FILE --socket=PATH --job=ID --rank=R --world=W\n"
                "         [--peers=h:p,...] [--policy=NAME] [--token=T] [--iterations=10]\n"
-               "         [--warmup=2] [--csv=FILE] [--priority=index|auto] [--timeout_ms=30000]\n"
-               "         [--time_scale=1.0] [--quiet]\n"
+               "         [--warmup=2] [--csv=FILE] [--priority=index|auto|tic|tac|pace]\n"
+               "         [--priority_bandwidth=BITS_PER_S (TAC's and PACE's link, 10e9)]\n"
+               "         [--mode=ps|allreduce] [--timeout_ms=30000] [--time_scale=1.0] [--quiet]\n"
                "Compute is emulated by sleeping (see the header of tests/bench/replay.cc).\n");
 }
 
@@ -81,8 +85,8 @@ void Usage() {
 int main(int argc, char** argv) {
   Flags f;
   std::vector<std::string> known = gradlane::testing::JobFlagNames();
-  known.insert(known.end(),
-               {"profile", "iterations", "warmup", "csv", "priority", "time_scale", "seed"});
+  known.insert(known.end(), {"profile", "iterations", "warmup", "csv", "priority",
+                             "priority_bandwidth", "time_scale", "seed"});
   if (!f.Parse(argc, argv, known, {"quiet"})) {
     Usage();
     return 2;
@@ -107,12 +111,16 @@ int main(int argc, char** argv) {
       ok = false;
     }
   }
-  if (!ok || iterations < 1 || warmup < 0 || !f.Has("profile") ||
-      (priority_mode != "index" && priority_mode != "auto")) {
+  const double priority_bandwidth =
+      static_cast<double>(f.Int("priority_bandwidth", 10'000'000'000, &ok));
+  absl::StatusOr<gradlane::sched::PriorityMode> pmode =
+      gradlane::sched::ParsePriorityMode(priority_mode);
+  if (!ok || iterations < 1 || warmup < 0 || !f.Has("profile") || !pmode.ok() ||
+      !(priority_bandwidth > 0)) {
     if (ok)
-      std::fprintf(
-          stderr,
-          "error: need --profile, --iterations >= 1, --warmup >= 0, --priority index|auto\n");
+      std::fprintf(stderr,
+                   "error: need --profile, --iterations >= 1, --warmup >= 0, --priority "
+                   "index|auto|tic|tac|pace, --priority_bandwidth > 0\n");
     Usage();
     return 2;
   }
@@ -132,6 +140,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: profile %s: %s\n", path.c_str(),
                  std::string(profile.status().message()).c_str());
     return 2;
+  }
+  // Computed priorities (tic, tac, pace); empty: layer index, or auto.
+  std::vector<gradlane::sched::Priority> computed;
+  if (*pmode != gradlane::sched::PriorityMode::kAuto) {
+    auto pr = gradlane::sched::ProfileLayerPriorities(*profile, *pmode, priority_bandwidth / 8);
+    if (!pr.ok()) {
+      std::fprintf(stderr, "error: --priority=%s: %s\n", priority_mode.c_str(),
+                   std::string(pr.status().message()).c_str());
+      return 2;
+    }
+    computed = std::move(*pr);
   }
   std::vector<Layer> layers(profile->layers.size());
   uint64_t total_bytes = 0, arena = 8ull << 20;
@@ -166,7 +185,9 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < layers.size(); ++i) {
     if (layers[i].bytes == 0) continue;
     void* buf = nullptr;
-    const int32_t prio = priority_mode == "auto" ? GL_PRIORITY_AUTO : static_cast<int32_t>(i);
+    const int32_t prio = *pmode == gradlane::sched::PriorityMode::kAuto ? GL_PRIORITY_AUTO
+                         : computed.empty()                             ? static_cast<int32_t>(i)
+                                            : static_cast<int32_t>(computed[i]);
     const int s = gl_register_tensor(c, layers[i].name.c_str(), layers[i].bytes, GL_DTYPE_F32, prio,
                                      &layers[i].tensor, &buf);
     if (s != GL_OK) {

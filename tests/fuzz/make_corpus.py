@@ -120,9 +120,9 @@ def msg_header(mtype, length, req=1):
     return struct.pack("<IIQ", mtype, length, req)
 
 
-def register_job(job=b"job", rank=0, world=2, policy=b"fifo", token=b"tok", peers=(b"10.0.0.1:7610", b"10.0.0.2:7610")):
+def register_job(job=b"job", rank=0, world=2, policy=b"fifo", token=b"tok", peers=(b"10.0.0.1:7610", b"10.0.0.2:7610"), mode=0):
     tail = b"".join(p + b"\0" for p in peers)
-    body = struct.pack("<64sII32s128sII", job, rank, world, policy, token, len(peers), len(tail)) + tail
+    body = struct.pack("<64sII32s128sIIII", job, rank, world, policy, token, len(peers), len(tail), mode, 0) + tail
     return msg_header(3, 16 + len(body)) + body
 
 
@@ -144,6 +144,7 @@ put("session", "register-and-post", bytes([1 | 2]) + rec_ctl(register_job()) + r
     b"\x04" + b"\x01" + sqe(it=1, length=4096) + b"\x02" + sqe(tensor=1, length=64))
 put("session", "ring-scribble", bytes([1 | 2]) + rec_ctl(register_job(peers=())) + rec_ctl(register_tensor()) +
     b"\x02" + sqe() + b"\x03\x00" + struct.pack("<Q", 5) + b"\x03\x02" + struct.pack("<Q", 1))
+put("session", "allreduce-job", bytes([1 | 2]) + rec_ctl(register_job(mode=1)) + rec_ctl(register_tensor()) + b"\x02" + sqe())
 hello_msg = msg_header(1, 48, 3) + struct.pack("<IIiIQQ", 0x4E414C47, 1, 1234, 100, 1 << 20, 0)
 put("session", "hello", bytes([0x30]) + b"\x05" + struct.pack("<H", len(hello_msg)) + hello_msg)
 put("session", "hello-after-hello", bytes([1]) + rec_ctl(msg_header(1, 48) + b"\0" * 32))

@@ -65,7 +65,8 @@ int main(int argc, char** argv) {
   if (c != NULL) {
     const char* peers[] = {"h0:1", "h1:1"};
     gl_job_info job = {"c-job", 1, 2, peers, 2, "p3", "token"};
-    CHECK(gl_register_job(c, &job) == GL_OK);
+    CHECK(gl_register_job_mode(c, &job, 7) == GL_E_INVALID_ARGUMENT); /* unknown mode */
+    CHECK(gl_register_job_mode(c, &job, GL_MODE_PS) == GL_OK);
     uint32_t id = 7;
     void* buf = NULL;
     CHECK(gl_register_tensor(c, "c.weight", 1024, GL_DTYPE_F16, 0, &id, &buf) == GL_OK);

@@ -46,6 +46,11 @@ def run(sock):
         assert c.session_id > 0
         e = expect_error(gradlane.E_INVALID_ARGUMENT, c.register_job, "job", 3, 2)
         assert "rank 3" in str(e), str(e)
+        try:
+            c.register_job("job-py", 0, 2, mode="ring")
+            raise AssertionError("an unknown mode must be refused")
+        except ValueError as e:
+            assert "allreduce" in str(e), str(e)
         c.register_job("job-py", rank=0, world_size=2, peers=["h0:9000", "h1:9000"],
                        policy="prophet", auth_token="tok")
         t = c.register_tensor("layer0.weight", nbytes=4096, dtype="bf16", priority=0)
@@ -55,6 +60,9 @@ def run(sock):
         t.buffer[:5] = b"hello"
         assert bytes(t.buffer[:5]) == b"hello"
         expect_error(gradlane.E_ALREADY_EXISTS, c.register_tensor, "layer0.weight", 8)
+        # The mode is per job: a job may be registered once per session, in either mode.
+        e = expect_error(gradlane.E_ALREADY_EXISTS, c.register_job, "job-py2", 0, 1,
+                         mode="allreduce")
 
         assert c.post(t.id, iteration=0, user_data=1)
         assert c.post(u.id, iteration=0, offset=512, length=256, user_data=2)
@@ -81,6 +89,10 @@ def run(sock):
         while drained < posted:
             drained += len(c.wait(timeout_ms=2000))
         assert drained == posted
+
+    # An all-reduce job registers in its own session.
+    with gradlane.Client(sock, arena_bytes=1 << 20, ring_slots=64) as c2:
+        c2.register_job("job-py-ar", rank=0, world_size=1, mode="allreduce")
 
 
 if __name__ == "__main__":
