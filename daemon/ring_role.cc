@@ -56,13 +56,12 @@ void RingRole::Chunk(const Part& p, uint32_t c, uint64_t* begin, uint64_t* end) 
 }
 
 uint32_t RingRole::ChunkOf(const Part& p, uint64_t offset) const {
-  const uint64_t n = Elements(p), e = ESize(p);
-  const uint64_t elem = offset / e;
-  // The first chunk whose end lies past `elem`: floor((c+1)·n/W) > elem.
-  uint32_t c = n == 0 ? 0 : static_cast<uint32_t>(std::min<uint64_t>(world_ - 1, elem * world_ / n));
-  while (c > 0 && uint64_t{c} * n / world_ > elem) --c;
-  while (c + 1 < world_ && (uint64_t{c} + 1) * n / world_ <= elem) ++c;
-  return c;
+  const uint64_t n = Elements(p);
+  if (n == 0) return 0;
+  // Chunk c is [floor(c·n/W), floor((c+1)·n/W)): the first c with floor((c+1)·n/W) > e, i.e.
+  // (c+1)·n/W >= e+1, is ceil((e+1)·W/n) - 1.
+  const uint64_t e = offset / ESize(p);
+  return static_cast<uint32_t>(((e + 1) * world_ + n - 1) / n - 1);
 }
 
 uint32_t RingRole::SentAtStep(uint32_t s) const { return (rank_ + world_ - s) % world_; }
@@ -194,14 +193,12 @@ RecvTarget RingRole::Resolve_st(uint16_t from, Part& p, const transport::FrameHe
     }
     if (slot.reduced || slot.reserved + h.length > e - b) return RecvTarget::Reject();
     slot.reserved += h.length;
-    return RecvTarget::Into(staging_region_,
-                            job_.plan().staging_offset[part_index] + off, cookie);
+    return RecvTarget::Into(staging_region_, job_.plan().staging_offset[part_index] + off, cookie);
   }
   // All-gather: only for the round this rank runs (its share is in every final chunk).
   const uint32_t t = (rank_ + world_ - c) % world_;
   const RingPart& rp = parts_[part_index];
-  if (t + 1 >= world_ || rp.started != p.iteration || rp.complete ||
-      h.iteration != p.iteration) {
+  if (t + 1 >= world_ || rp.started != p.iteration || rp.complete || h.iteration != p.iteration) {
     return RecvTarget::Reject();
   }
   Gathered& g = GatheredOf(part_index, t);
@@ -275,8 +272,8 @@ bool RingRole::InProgress(int64_t* round) const {
   const JobPlan& plan = job_.plan();
   for (size_t i = 0; i < parts_.size(); ++i) {
     const Part& p = plan.parts[i];
-    if (p.iteration >= 0 && p.posted > 0 && !(parts_[i].started == p.iteration &&
-                                               parts_[i].complete)) {
+    if (p.iteration >= 0 && p.posted > 0 &&
+        !(parts_[i].started == p.iteration && parts_[i].complete)) {
       *round = p.iteration;
       return true;
     }
