@@ -154,6 +154,9 @@ c10::intrusive_ptr<::c10d::ProcessGroup> ProcessGroupGradlane::Create(
   for (const std::string& p : peers) peer_ptrs.push_back(p.c_str());
   const std::string policy = Env("GRADLANE_POLICY");
   const std::string token = Env("GRADLANE_TOKEN");
+  const std::string mode = Env("GRADLANE_MODE", "ps");
+  TORCH_CHECK(mode == "ps" || mode == "allreduce",
+              "gradlane backend: GRADLANE_MODE must be ps or allreduce, got '", mode, "'");
   gl_job_info job{};
   job.job_id = job_id.c_str();
   job.rank = static_cast<uint32_t>(rank);
@@ -162,7 +165,7 @@ c10::intrusive_ptr<::c10d::ProcessGroup> ProcessGroupGradlane::Create(
   job.num_peers = static_cast<uint32_t>(peer_ptrs.size());
   job.policy = policy.empty() ? nullptr : policy.c_str();
   job.auth_token = token.empty() ? nullptr : token.c_str();
-  rc = gl_register_job(client, &job);
+  rc = gl_register_job_mode(client, &job, mode == "allreduce" ? GL_MODE_ALLREDUCE : GL_MODE_PS);
   for (int i = 0; rc == GL_OK && i < kRungs; ++i) {
     void* buffer = nullptr;
     const std::string name = "c10d.rung" + std::to_string(i);

@@ -82,7 +82,8 @@ def _env(name, default=None):
 class _JobConfig:
     """Who this rank is. Arguments win; else the environment: GRADLANE_JOB, RANK (or
     GRADLANE_RANK), WORLD_SIZE (or GRADLANE_WORLD), GRADLANE_PEERS ("host:port,..." of every
-    rank's daemon, in rank order), GRADLANE_POLICY, GRADLANE_SOCKET, GRADLANE_TOKEN."""
+    rank's daemon, in rank order), GRADLANE_POLICY, GRADLANE_SOCKET, GRADLANE_TOKEN,
+    GRADLANE_MODE ("ps", the default, or "allreduce": ring all-reduce in the daemons)."""
 
     def __init__(self, job_id=None, rank=None, world_size=None, peers=None, policy=None,
                  socket_path=None, auth_token=None, timeout_ms=0):
@@ -108,13 +109,17 @@ class _JobConfig:
         self.socket_path = socket_path or _env("GRADLANE_SOCKET")
         self.auth_token = auth_token or _env("GRADLANE_TOKEN")
         self.timeout_ms = timeout_ms
+        self.mode = _env("GRADLANE_MODE") or "ps"
+        if self.mode not in _gl.MODES:
+            raise ValueError(f"gradlane.torch: GRADLANE_MODE {self.mode!r}: expected ps or "
+                             "allreduce")
 
     def connect(self, job_suffix, arena_bytes):
         client = _gl.Client(self.socket_path, arena_bytes=arena_bytes,
                             timeout_ms=self.timeout_ms)
         try:
             client.register_job(self.job_id + job_suffix, self.rank, self.world, self.peers,
-                                self.policy, self.auth_token)
+                                self.policy, self.auth_token, mode=self.mode)
         except BaseException:
             client.close()
             raise
