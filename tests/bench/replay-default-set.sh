@@ -14,6 +14,10 @@
 #
 #   tests/bench/replay-default-set.sh --out DIR [--build DIR] [--iterations N] [--warmup N]
 #                                     [--no-unshaped] [--no-dpdk] [--transport tcp|dpdk]
+#                                     [--mode ps|allreduce] [--priorities index|pace|...]
+#                                     [--policies LIST]
+# (--mode, --priorities and --policies go to run-replay: e.g. the set in all-reduce mode with
+# PACE's priorities)
 # (default iterations: resnet50 2 warm-up + 6 measured, vgg16 2 + 3; --iterations/--warmup set
 # both models)
 # Needs root (network namespaces; without them run-replay falls back to unshaped loopback and
@@ -25,7 +29,7 @@ main() {
   # Iterations per model: vgg16's are 6 s long at 1 Gbit/s, so it gets fewer to stay within the
   # 15 minutes; two warm-ups each (iteration 0 waits for nothing, so iteration 1 carries its
   # traffic too and is longer than the steady state).
-  local out="" bdir=$root/build unshaped=1 transport=tcp dpdk=1
+  local out="" bdir=$root/build unshaped=1 transport=tcp dpdk=1 mode=ps prio=index policies=all
   local -A iterations=([resnet50]=6 [vgg16]=3) warmup=([resnet50]=2 [vgg16]=2)
   while (($#)); do
     case $1 in
@@ -34,6 +38,9 @@ main() {
       --iterations) iterations=([resnet50]=${2:?} [vgg16]=$2); shift 2 ;;
       --warmup) warmup=([resnet50]=${2:?} [vgg16]=$2); shift 2 ;;
       --transport) transport=${2:?}; shift 2 ;;
+      --mode) mode=${2:?}; shift 2 ;;
+      --priorities) prio=${2:?}; shift 2 ;;
+      --policies) policies=${2:?}; shift 2 ;;
       --no-unshaped) unshaped=0; shift ;;
       --no-dpdk) dpdk=0; shift ;;
       -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; return 0 ;;
@@ -46,13 +53,14 @@ main() {
   ((unshaped)) && bws+=,unshaped
   local t0=$SECONDS rc=0 model
   {
-    echo "# tests/bench/replay-default-set.sh --out $out --build $bdir --transport $transport$( ((unshaped)) || echo ' --no-unshaped')" \
+    echo "# tests/bench/replay-default-set.sh --out $out --build $bdir --transport $transport --mode $mode --priorities $prio --policies $policies$( ((unshaped)) || echo ' --no-unshaped')" \
       "(iterations: resnet50 ${warmup[resnet50]}+${iterations[resnet50]}, vgg16 ${warmup[vgg16]}+${iterations[vgg16]})"
     echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(git -C "$root" log -1 --format='commit %h %s' 2>/dev/null | cut -c1-100)"
   } >"$out/default-set.txt"
   for model in resnet50 vgg16; do
     "$root/tests/bench/run-replay" --profile "$root/tests/data/models/$model.json" \
-      --bandwidth "$bws" --workers 3 --policies all --transport "$transport" \
+      --bandwidth "$bws" --workers 3 --policies "$policies" --transport "$transport" \
+      --mode "$mode" --priorities "$prio" \
       --iterations "${iterations[$model]}" --warmup "${warmup[$model]}" --build "$bdir" \
       --csv "$out/$model.csv" --per-iteration "$out/$model-iterations.csv" --keep "$out/raw-$model" \
       2>&1 | tee -a "$out/default-set.txt" || rc=1
@@ -63,7 +71,8 @@ main() {
   help=$("$bdir/daemon/gradlaned" --helpfull 2>&1 || true)
   if ((dpdk)) && [[ $transport == tcp && $help == *--dpdk_vdev* ]]; then
     "$root/tests/bench/run-replay" --profile "$root/tests/data/models/resnet50.json" \
-      --bandwidth 1gbit,3gbit,10gbit --workers 3 --policies all --transport dpdk --no-calibrate \
+      --bandwidth 1gbit,3gbit,10gbit --workers 3 --policies "$policies" --transport dpdk --no-calibrate \
+      --mode "$mode" --priorities "$prio" \
       --iterations "${iterations[resnet50]}" --warmup "${warmup[resnet50]}" --build "$bdir" \
       --csv "$out/resnet50-dpdk.csv" --per-iteration "$out/resnet50-dpdk-iterations.csv" \
       --keep "$out/raw-resnet50-dpdk" 2>&1 | tee -a "$out/default-set.txt" || rc=1

@@ -35,7 +35,7 @@ COLUMNS = [
     # the setting
     "bandwidth_gbit", "bandwidth", "time_scale", "sim_overhead_us", "sim_latency_us",
     "tbf_burst_ms", "workers", "model", "transport", "network",
-    "nice", "iterations", "warmup", "status",
+    "nice", "iterations", "warmup", "status", "mode", "priorities",
 ]
 # Measured (or simulated) times and their *_unscaled column: the time divided by time_scale.
 UNSCALED = ["iteration_ms", "sim_iteration_ms", "ideal_ms", "p10_ms", "p90_ms", "stall_ms",
@@ -216,6 +216,8 @@ def main():
                     help="run-replay --time-scale K: compute was x K and bandwidth / K")
     ap.add_argument("--sim-overhead-us", default="", help="theta passed to gradlane-sim")
     ap.add_argument("--sim-latency-us", default="", help="latency passed to gradlane-sim")
+    ap.add_argument("--mode", default="ps", help="ps or allreduce")
+    ap.add_argument("--priorities", default="index")
     ap.add_argument("--csv", required=True)
     ap.add_argument("--per-iteration", help="also write bandwidth,policy,iteration,time_ms,warmup")
     ap.add_argument("--quiet", action="store_true")
@@ -237,7 +239,8 @@ def main():
         row = {c: None for c in COLUMNS}
         row.update({
             "policy": policy, "compute_ms": compute_ms, "workers": a.workers,
-            "model": any_row["model"], "transport": a.transport,
+            "model": any_row["model"], "transport": a.transport, "mode": a.mode,
+            "priorities": a.priorities,
             "network": a.network if bps > 0 or a.network != "netns" else "netns-unshaped",
             "iterations": a.iterations, "warmup": a.warmup, "bandwidth": label,
             "bandwidth_gbit": bps / 1e9 if bps > 0 else None,
