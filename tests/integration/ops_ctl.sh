@@ -59,7 +59,7 @@ for c in status counters jobs peers queues bandwidth; do
   ctl "$c" | tee "$GL_TMP/ctl-$c.txt"
 done
 grep -Eq '^jobs +1 active' "$GL_TMP/ctl-status.txt" || it_fail "status: not 1 active job"
-grep -Eq '^ctl +0/3 +bytescheduler +active' "$GL_TMP/ctl-jobs.txt" || it_fail "jobs: no active 'ctl 0/3 bytescheduler'"
+grep -Eq '^ctl +0/3 +bytescheduler +ps +active' "$GL_TMP/ctl-jobs.txt" || it_fail "jobs: no active 'ctl 0/3 bytescheduler ps'"
 # counters: every counter of the lists (daemon/engine_counters.h, transport/counters.h; the
 # transport's per-peer totals prefixed transport_), one line each, with a number.
 want=$(python3 - "$here/../../daemon/engine_counters.h" "$here/../../transport/counters.h" <<'PY'
