@@ -250,6 +250,8 @@ class Engine {
                            static_cast<long double>(config_.bandwidth_bits_per_s);
     return static_cast<TimeNs>(std::llround(ns));
   }
+  // The all-reduce bound's allowance for rounding (see the header comment): 1 ns per 4 KiB.
+  static TimeNs RoundingSlack(uint64_t bytes) { return static_cast<TimeNs>((bytes + 4095) / 4096); }
   bool Measured(int64_t iteration) const {
     return iteration >= config_.warmup_iterations && iteration < total_;
   }
@@ -957,7 +959,11 @@ void Engine::IdealSchedule(TimeNs now) {
       const uint64_t len =
           constrained ? std::min(ideal_piece_, item.end - item.offset) : item.end - item.offset;
       const int64_t id = make_piece(a, item.peer, item, len);
-      const TimeNs tx = constrained ? TxNs(len) : 0;
+      // The all-reduce bound's ports, like its chain hops, are 1 ns per 4 KiB faster than the
+      // link, so that policies' segment times, each rounded to a whole ns, cannot undercut them.
+      const TimeNs tx = !constrained         ? 0
+                        : ports_.all_uplinks ? std::max<TimeNs>(0, TxNs(len) - RoundingSlack(len))
+                                             : TxNs(len);
       if (Measured(item.iteration)) {
         src.stats.up_bytes += len;
         src.stats.up_busy_ns += tx;
@@ -1183,8 +1189,8 @@ void Engine::RingSend(int host, int64_t iteration, uint32_t tensor, size_t chunk
     seg.length = length;
     seg.ready_at = now;
     m.segments.push_back(seg);
-    const TimeNs slack = static_cast<TimeNs>((length + 4095) / 4096);
-    const TimeNs hop = std::max<TimeNs>(0, TxNs(length) - slack) + config_.latency_ns;
+    const TimeNs hop =
+        std::max<TimeNs>(0, TxNs(length) - RoundingSlack(length)) + config_.latency_ns;
     Push(now + hop, EventType::kRingChainArrive, peer, id);
     return;
   }

@@ -84,8 +84,9 @@
 //      sums that include it). R gives each uplink a fluid port (pieces as in the ps bound) that
 //      carries, per tensor and iteration, the bytes its host sends of it, released when the
 //      host's gradient is ready, preemptive, earliest due date first: older iteration first,
-//      then Σ fwd of the layers before the tensor's layer; w gets the result one latency after
-//      h's port finished it, and only once (a) holds too.
+//      then Σ fwd of the layers before the tensor's layer (also 1 ns per 4 KiB faster than the
+//      link, as in (a)); w gets the result one latency after h's port finished it, and only once
+//      (a) holds too.
 // Why it is a lower bound: in any policy run both conditions hold (a message holds the uplink for
 // θ + m/B and is delivered ≥ latency after its last byte left; a chunk hop can only be forwarded
 // whole), so every run is a feasible schedule of R, and R's ports are independent of each
