@@ -192,7 +192,9 @@ absl::StatusOr<std::vector<Priority>> LayerPriorities(const ModelProfile& profil
   std::vector<gradlane::sched::ChainLayer> chain;
   for (size_t i = 0; i < profile.layers.size(); ++i) {
     const auto& l = profile.layers[i];
-    chain.push_back({l.name, l.param_bytes, l.fwd_ns, l.bwd_ns});
+    // The DAG needs a name for every op (vit_b_16's class token has none in its profile).
+    chain.push_back(
+        {l.name.empty() ? absl::StrCat("layer#", i) : l.name, l.param_bytes, l.fwd_ns, l.bwd_ns});
     if (l.param_bytes > 0) {
       tensors.push_back({static_cast<uint32_t>(i), l.param_bytes, gradlane::sched::DType::kF32,
                          static_cast<Priority>(i)});
