@@ -892,6 +892,13 @@ TEST(AllReduceSimTest, ContractBreachesAndStallsAreErrors) {
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("stalled"));
   EXPECT_EQ(SimulateFluid(p, c).status().code(), absl::StatusCode::kInvalidArgument);
+  // A ring the simulator could only run by exhausting memory is refused up front.
+  SimConfig huge = AllReduce(SmallConfig(1e9));
+  huge.workers = 4096;
+  absl::StatusOr<SimResult> big =
+      Simulate(Uniform(2, 100'000'000, 10, 10), huge, ReferencePolicies()[0].factory, "fifo");
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(big.status().message()), HasSubstr("ring hops"));
 }
 
 }  // namespace
