@@ -2,7 +2,11 @@
 // profile in the discrete-event simulator (sched/sim/simulator.h) and prints one row per policy.
 //
 //   gradlane-sim --profile tests/data/models/resnet50.json --bandwidth 3gbit --workers 3
-//                --policy all --format csv
+//                --policy all --format csv [--mode allreduce]
+//
+// --mode ps (the default) simulates co-located parameter servers; --mode allreduce ring
+// all-reduce, with its own ideal bound (sched/sim/simulator.h); the csv then ends with a `mode`
+// column and the table's footer names the mode.
 //
 // Exit codes: 0 success; 2 bad input (flags, profile file, a policy's knobs) with a message on
 // stderr; 1 a simulation failure (a policy broke the Policy contract or stalled).
@@ -39,7 +43,10 @@
 ABSL_FLAG(std::string, profile, "", "model profile JSON file (docs/design.md §5 format); required");
 ABSL_FLAG(std::string, bandwidth, "10gbit",
           "per-host link bandwidth per direction: Nkbit, Nmbit, Ngbit or plain bits/s");
-ABSL_FLAG(int, workers, 3, "number of hosts W (each a worker and a PS shard)");
+ABSL_FLAG(int, workers, 3, "number of hosts W (each a worker and a PS shard, or a ring member)");
+ABSL_FLAG(std::string, mode, "ps",
+          "ps (co-located parameter servers) or allreduce (ring all-reduce: reduce-scatter then "
+          "all-gather per partition, each partition in W chunks)");
 ABSL_FLAG(
     std::string, policy, "all",
     "'all' or a comma-separated list of policies (fifo, p3, bytescheduler, prophet, gradlane)");
@@ -53,7 +60,9 @@ ABSL_FLAG(int, iterations, 10, "measured iterations");
 ABSL_FLAG(int, warmup, 3, "warm-up iterations (simulated, not measured)");
 ABSL_FLAG(int64_t, partition_bytes, 0, "partition size δ for every policy; 0 = each one's default");
 ABSL_FLAG(int64_t, credit_bytes, 0, "credit window for every policy; 0 = each one's default");
-ABSL_FLAG(int64_t, shard_partition_bytes, 4 << 20, "granularity of the key-to-shard assignment");
+ABSL_FLAG(int64_t, shard_partition_bytes, 4 << 20,
+          "granularity of the key-to-shard assignment (ps); the ring's partition size, each cut "
+          "into W chunks (allreduce)");
 ABSL_FLAG(int64_t, ideal_granularity_bytes, 0,
           "piece size of the ideal bound; 0 = 20 µs of link time in [16 KiB, 1 MiB]");
 ABSL_FLAG(std::string, priorities, "index",
@@ -183,7 +192,9 @@ absl::StatusOr<std::vector<Priority>> LayerPriorities(const ModelProfile& profil
   std::vector<gradlane::sched::ChainLayer> chain;
   for (size_t i = 0; i < profile.layers.size(); ++i) {
     const auto& l = profile.layers[i];
-    chain.push_back({l.name, l.param_bytes, l.fwd_ns, l.bwd_ns});
+    // The DAG needs a name for every op (vit_b_16's class token has none in its profile).
+    chain.push_back(
+        {l.name.empty() ? absl::StrCat("layer#", i) : l.name, l.param_bytes, l.fwd_ns, l.bwd_ns});
     if (l.param_bytes > 0) {
       tensors.push_back({static_cast<uint32_t>(i), l.param_bytes, gradlane::sched::DType::kF32,
                          static_cast<Priority>(i)});
@@ -260,6 +271,18 @@ int main(int argc, char** argv) {
   if (!bandwidth.ok()) Fail(2, bandwidth.status().message());
 
   sim::SimConfig config;
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode == "ps") {
+    config.mode = sim::SimMode::kParameterServer;
+  } else if (mode == "allreduce") {
+    config.mode = sim::SimMode::kAllReduce;
+  } else {
+    Fail(2, absl::StrCat("--mode: '", mode, "' is not ps or allreduce"));
+  }
+  const bool allreduce = config.mode == sim::SimMode::kAllReduce;
+  if (allreduce && absl::GetFlag(FLAGS_fluid)) {
+    Fail(2, "--fluid: the all-ports fluid reference exists in --mode ps only");
+  }
   config.workers = absl::GetFlag(FLAGS_workers);
   config.bandwidth_bits_per_s = *bandwidth;
   const double overhead_us = absl::GetFlag(FLAGS_overhead_us);
@@ -348,20 +371,22 @@ int main(int argc, char** argv) {
     rows.push_back(*std::move(fluid));
   }
 
-  const std::vector<std::string> header = {"policy",
-                                           "iteration_ms",
-                                           "speedup_vs_fifo",
-                                           "ratio_to_ideal",
-                                           "gpu_idle_pct",
-                                           "alpha",
-                                           "rho",
-                                           "compute_ms",
-                                           "comm_ms",
-                                           "max_link_mb",
-                                           "messages",
-                                           "bandwidth_gbit",
-                                           "workers",
-                                           "model"};
+  std::vector<std::string> header = {"policy",
+                                     "iteration_ms",
+                                     "speedup_vs_fifo",
+                                     "ratio_to_ideal",
+                                     "gpu_idle_pct",
+                                     "alpha",
+                                     "rho",
+                                     "compute_ms",
+                                     "comm_ms",
+                                     "max_link_mb",
+                                     "messages",
+                                     "bandwidth_gbit",
+                                     "workers",
+                                     "model"};
+  // ps output stays as it always was; all-reduce rows say so.
+  if (allreduce) header.push_back("mode");
   std::vector<std::vector<std::string>> cells;
   for (const sim::SimResult& r : rows) {
     double max_link = 0, messages = 0;
@@ -386,6 +411,7 @@ int main(int argc, char** argv) {
         absl::StrCat(config.workers),
         profile->model,
     });
+    if (allreduce) cells.back().emplace_back(sim::SimModeName(config.mode));
   }
   if (format == "csv") {
     std::cout << absl::StrJoin(header, ",") << "\n";
@@ -406,11 +432,19 @@ int main(int argc, char** argv) {
     };
     print(header);
     for (const auto& row : cells) print(row);
-    std::cout << absl::StrFormat(
-        "\n%s, W=%d, %.3g Gbit/s, θ=%.0f µs, latency=%.0f µs, %d+%d iterations; ideal bound from "
-        "the %s relaxation\n",
-        profile->model, config.workers, config.bandwidth_bits_per_s / 1e9, overhead_us, latency_us,
-        config.warmup_iterations, config.measured_iterations, ideal->variant);
+    if (allreduce) {
+      std::cout << absl::StrFormat(
+          "\n%s, mode allreduce (ring), W=%d, %.3g Gbit/s, θ=%.0f µs, latency=%.0f µs, %d+%d "
+          "iterations; ideal = the all-reduce bound (%s)\n",
+          profile->model, config.workers, config.bandwidth_bits_per_s / 1e9, overhead_us,
+          latency_us, config.warmup_iterations, config.measured_iterations, ideal->variant);
+    } else {
+      std::cout << absl::StrFormat(
+          "\n%s, W=%d, %.3g Gbit/s, θ=%.0f µs, latency=%.0f µs, %d+%d iterations; ideal bound "
+          "from the %s relaxation\n",
+          profile->model, config.workers, config.bandwidth_bits_per_s / 1e9, overhead_us,
+          latency_us, config.warmup_iterations, config.measured_iterations, ideal->variant);
+    }
   }
   if (absl::GetFlag(FLAGS_details)) {
     std::cout << "\n# per-iteration times (ms) and per-host traffic (MB per iteration)\n";

@@ -122,6 +122,8 @@ enum class EventType : uint8_t {
   kIdealUpFree,
   kIdealArrive,
   kIdealSchedule,
+  kRingReduced,      // all-reduce: a host finished summing a chunk (a = ring job)
+  kRingChainArrive,  // all-reduce bound: a chain hop arrived (a = message)
 };
 
 struct Event {
@@ -161,6 +163,21 @@ struct AggJob {
   uint64_t length;
 };
 
+// All-reduce: one chunk's reduction on a host.
+struct RingJob {
+  int64_t iteration;
+  uint32_t tensor;
+  size_t chunk;
+};
+
+// All-reduce: one host's state of one (iteration, tensor), created on first touch and dropped
+// when the host holds the whole result.
+struct RingTensor {
+  bool local_ready = false;
+  std::vector<uint64_t> rs_in;  // per chunk: reduce-scatter bytes arrived from the left
+  std::vector<uint64_t> ag_in;  // per chunk: all-gather bytes arrived from the left
+};
+
 // A pending range in an ideal uplink or downlink queue, most urgent first: older iterations first
 // (their consumers come first), then by `rank` (see Engine::IdealRank), then stably by key and
 // peer.
@@ -186,6 +203,7 @@ struct IdealPorts {
   bool all = false;
   int host = 0;
   bool uplink = true;
+  bool all_uplinks = false;  // the all-reduce bound: every uplink, no downlink
 };
 
 struct Worker {
@@ -217,7 +235,12 @@ struct Host {
 class Engine {
  public:
   Engine(const ModelProfile& profile, const SimConfig& config, bool ideal, IdealPorts ports = {})
-      : profile_(profile), config_(config), ideal_(ideal), ports_(ports), w_(config.workers) {}
+      : profile_(profile),
+        config_(config),
+        ideal_(ideal),
+        allreduce_(config.mode == SimMode::kAllReduce),
+        ports_(ports),
+        w_(config.workers) {}
 
   absl::StatusOr<SimResult> Run(const PolicyFactory* factory, std::string_view label);
 
@@ -227,6 +250,8 @@ class Engine {
                            static_cast<long double>(config_.bandwidth_bits_per_s);
     return static_cast<TimeNs>(std::llround(ns));
   }
+  // The all-reduce bound's allowance for rounding (see the header comment): 1 ns per 4 KiB.
+  static TimeNs RoundingSlack(uint64_t bytes) { return static_cast<TimeNs>((bytes + 4095) / 4096); }
   bool Measured(int64_t iteration) const {
     return iteration >= config_.warmup_iterations && iteration < total_;
   }
@@ -244,6 +269,30 @@ class Engine {
   void Aggregated(int shard, const AggJob& job, TimeNs now);
   void WorkerReceive(int w, int64_t iteration, uint32_t tensor, uint64_t bytes, TimeNs now);
   void Enqueue(int host, const ReadyRange& range, TimeNs now);
+  // Whether worker w holds tensor t's result of an iteration (all-reduce bound: also port w−1).
+  bool ResultReady(int w, int64_t iteration, uint32_t tensor) const;
+
+  // All-reduce (see the header comment). Chunk g of tensor t is [ring_bounds_[t][g],
+  // ring_bounds_[t][g+1]); its ring starts at host g mod W.
+  void RingSetUp();
+  RingTensor& RingState(int host, int64_t iteration, uint32_t tensor);
+  void RingDropIfDone(int host, int64_t iteration, uint32_t tensor);
+  void RingLocalReady(int host, int64_t iteration, uint32_t tensor, TimeNs now);
+  void RingArrive(int host, int64_t iteration, uint32_t tensor, uint64_t begin, uint64_t end,
+                  Direction direction, TimeNs now);
+  void RingReduce(int host, int64_t iteration, uint32_t tensor, size_t chunk, TimeNs now);
+  void RingReduced(int host, int64_t iteration, uint32_t tensor, size_t chunk, TimeNs now);
+  void RingFinal(int host, int64_t iteration, uint32_t tensor, size_t chunk, TimeNs now);
+  void RingSend(int host, int64_t iteration, uint32_t tensor, size_t chunk, Direction direction,
+                TimeNs now);
+  void PortArrive(int host, int64_t iteration, uint32_t tensor, uint64_t bytes, TimeNs now);
+  // Distance of a host from where chunk g's ring starts: 0 starts it, W−1 owns its sum.
+  int RingDistance(int host, size_t chunk) const {
+    return static_cast<int>((host - static_cast<int64_t>(chunk % w_) + w_) % w_);
+  }
+  uint64_t ChunkBytes(uint32_t tensor, size_t chunk) const {
+    return ring_bounds_[tensor][chunk + 1] - ring_bounds_[tensor][chunk];
+  }
 
   // Policy network.
   void Pump(int host, TimeNs now);
@@ -265,8 +314,12 @@ class Engine {
   int64_t IdealRank(uint32_t layer, Direction direction) const {
     return forward_before_[layer] - (direction == Direction::kPush ? config_.latency_ns : 0);
   }
-  bool UpConstrained(int h) const { return ports_.all || (ports_.uplink && ports_.host == h); }
-  bool DownConstrained(int h) const { return ports_.all || (!ports_.uplink && ports_.host == h); }
+  bool UpConstrained(int h) const {
+    return ports_.all || ports_.all_uplinks || (ports_.uplink && ports_.host == h);
+  }
+  bool DownConstrained(int h) const {
+    return ports_.all || (!ports_.all_uplinks && !ports_.uplink && ports_.host == h);
+  }
   void FreeMessage(int64_t id) { free_messages_.push_back(id); }
   // The shard owning all of [offset, offset+length) of a tensor, or -1 if no single one does.
   int OwnerOf(uint32_t tensor, uint64_t offset, uint64_t length) const {
@@ -281,6 +334,7 @@ class Engine {
   const ModelProfile& profile_;
   const SimConfig& config_;
   const bool ideal_;
+  const bool allreduce_;
   const IdealPorts ports_;
   int64_t arrivals_ = 0;
   const int w_;
@@ -301,6 +355,12 @@ class Engine {
   std::vector<std::map<std::pair<int64_t, uint32_t>, Coverage>> coverage_;
   std::vector<uint64_t> coverage_left_;  // [shard][iteration * L + tensor] bytes·W to go
   std::vector<AggJob> agg_jobs_;
+  // All-reduce.
+  std::vector<std::vector<uint64_t>> ring_bounds_;  // [tensor]: chunk boundaries
+  std::vector<uint64_t> ring_sent_;                 // [tensor * W + host]: bytes sent
+  std::vector<std::map<std::pair<int64_t, uint32_t>, RingTensor>> ring_;  // [host]
+  std::vector<RingJob> ring_jobs_;
+  std::vector<std::vector<uint64_t>> port_arrived_;  // bound: [w][iteration * L + tensor]
 
   std::vector<Message> messages_;
   std::vector<int64_t> free_messages_;
@@ -340,7 +400,11 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory, std::string_
   for (size_t i = 0; i < num_layers; ++i) {
     priority_[i] = config_.priorities.empty() ? static_cast<Priority>(i) : config_.priorities[i];
   }
-  owned_ = AssignShards(profile_, w_, config_.shard_partition_bytes);
+  if (allreduce_) {
+    RingSetUp();
+  } else {
+    owned_ = AssignShards(profile_, w_, config_.shard_partition_bytes);
+  }
   {
     std::map<TimeNs, std::vector<uint32_t>> groups;
     // Within a group, later layers first: the order backward produces them in.
@@ -365,8 +429,10 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory, std::string_
   hosts_.resize(w_);
   received_.assign(w_, std::vector<uint64_t>(total_ * num_layers, 0));
   coverage_.assign(w_, {});
-  coverage_left_.assign(static_cast<size_t>(w_) * total_ * num_layers, 0);
-  for (size_t t = 0; t < num_layers; ++t) {
+  coverage_left_.assign(allreduce_ ? 0 : static_cast<size_t>(w_) * total_ * num_layers, 0);
+  ring_.assign(w_, {});
+  if (allreduce_ && ideal_) port_arrived_.assign(w_, std::vector<uint64_t>(total_ * num_layers, 0));
+  for (size_t t = 0; t < owned_.size(); ++t) {
     for (const OwnedRange& r : owned_[t]) {
       for (int64_t k = 0; k < total_; ++k) {
         coverage_left_[(r.owner * total_ + k) * num_layers + t] += r.length * w_;
@@ -447,6 +513,20 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory, std::string_
         ideal_schedule_pending_ = false;
         IdealSchedule(e.time);
         break;
+      case EventType::kRingReduced: {
+        const RingJob job = ring_jobs_[e.a];
+        RingReduced(e.host, job.iteration, job.tensor, job.chunk, e.time);
+        if (!ideal_) Pump(e.host, e.time);
+        RingDropIfDone(e.host, job.iteration, job.tensor);
+        break;
+      }
+      case EventType::kRingChainArrive: {
+        const Segment seg = messages_[e.a].segments.front();
+        FreeMessage(e.a);
+        RingArrive(e.host, seg.iteration, KeyTensor(seg.key), seg.offset, seg.offset + seg.length,
+                   seg.direction, e.time);
+        break;
+      }
     }
   }
   if (!error_.ok()) return error_;
@@ -514,8 +594,8 @@ void Engine::TryAdvance(int w, TimeNs now) {
     const size_t i = wk.layer;
     // Layer i of iteration k uses the parameters updated by iteration k−1's pulled result.
     if (wk.iteration > 0 && profile_.layers[i].param_bytes > 0 &&
-        received_[w][(wk.iteration - 1) * num_layers + i] < profile_.layers[i].param_bytes) {
-      return;  // WorkerReceive calls back when the result is complete
+        !ResultReady(w, wk.iteration - 1, static_cast<uint32_t>(i))) {
+      return;  // WorkerReceive, RingFinal or PortArrive calls back when the result is complete
     }
     if (i == 0) {
       wk.start[wk.iteration] = now;
@@ -536,7 +616,32 @@ void Engine::TryAdvance(int w, TimeNs now) {
   Push(now + backward_ns_, EventType::kComputeDone, w);
 }
 
+bool Engine::ResultReady(int w, int64_t iteration, uint32_t tensor) const {
+  const size_t index = iteration * profile_.layers.size() + tensor;
+  if (received_[w][index] < profile_.layers[tensor].param_bytes) return false;
+  if (!port_arrived_.empty()) {
+    return port_arrived_[w][index] >= ring_sent_[tensor * w_ + (w + w_ - 1) % w_];
+  }
+  return true;
+}
+
 void Engine::OnGradientsReady(int w, int64_t iteration, size_t group, TimeNs now) {
+  if (allreduce_) {
+    for (uint32_t t : ready_groups_[group].second) {
+      RingLocalReady(w, iteration, t, now);
+      if (!error_.ok()) return;
+      // The bound's port: everything this host sends of the tensor, due when the next forward
+      // reaches its layer.
+      const uint64_t bytes = ring_sent_[t * w_ + w];
+      if (ideal_ && bytes > 0) {
+        hosts_[w].ideal_up.insert(IdealItem{iteration, forward_before_[t], t, 0, bytes,
+                                            priority_[t], Direction::kPush, (w + 1) % w_, 0});
+        RequestIdealSchedule(now);
+      }
+    }
+    if (!ideal_) Pump(w, now);
+    return;
+  }
   for (uint32_t t : ready_groups_[group].second) {
     const ModelLayer& layer = profile_.layers[t];
     for (const OwnedRange& r : owned_[t]) {
@@ -683,7 +788,11 @@ void Engine::Commit(int host_id, const Dispatch& d, TimeNs now) {
     bool valid = s.peer < w_ && s.peer != host_id && s.length > 0 && t < num_layers &&
                  s.offset + s.length <= profile_.layers[t].param_bytes && s.iteration >= 0 &&
                  s.iteration < total_;
-    if (valid) {
+    if (valid && allreduce_) {
+      // Every ring hop goes to the right neighbour; which chunks it may carry is checked on
+      // arrival (RingArrive).
+      valid = s.peer == (host_id + 1) % w_;
+    } else if (valid) {
       const int owner = s.direction == Direction::kPush ? s.peer : host_id;
       valid = OwnerOf(t, s.offset, s.length) == owner;
     }
@@ -771,7 +880,11 @@ void Engine::Deliver(int64_t msg_id, TimeNs now) {
   for (size_t i = 0; i < count && error_.ok(); ++i) {
     const Segment s = messages_[msg_id].segments[i];
     const uint32_t t = KeyTensor(s.key);
-    if (s.direction == Direction::kPush) {
+    if (allreduce_ && ideal_) {
+      PortArrive(dst, s.iteration, t, s.length, now);
+    } else if (allreduce_) {
+      RingArrive(dst, s.iteration, t, s.offset, s.offset + s.length, s.direction, now);
+    } else if (s.direction == Direction::kPush) {
       ShardAdd(dst, s.iteration, t, s.offset, s.offset + s.length, now);
     } else {
       WorkerReceive(dst, s.iteration, t, s.length, now);
@@ -846,7 +959,11 @@ void Engine::IdealSchedule(TimeNs now) {
       const uint64_t len =
           constrained ? std::min(ideal_piece_, item.end - item.offset) : item.end - item.offset;
       const int64_t id = make_piece(a, item.peer, item, len);
-      const TimeNs tx = constrained ? TxNs(len) : 0;
+      // The all-reduce bound's ports, like its chain hops, are 1 ns per 4 KiB faster than the
+      // link, so that policies' segment times, each rounded to a whole ns, cannot undercut them.
+      const TimeNs tx = !constrained         ? 0
+                        : ports_.all_uplinks ? std::max<TimeNs>(0, TxNs(len) - RoundingSlack(len))
+                                             : TxNs(len);
       if (Measured(item.iteration)) {
         src.stats.up_bytes += len;
         src.stats.up_busy_ns += tx;
@@ -900,9 +1017,221 @@ void Engine::IdealArrive(int64_t msg_id, TimeNs now) {
   RequestIdealSchedule(now);
 }
 
+void Engine::RingSetUp() {
+  const size_t num_layers = profile_.layers.size();
+  const uint64_t partition = config_.shard_partition_bytes;
+  ring_bounds_.assign(num_layers, {});
+  ring_sent_.assign(num_layers * w_, 0);
+  for (size_t t = 0; t < num_layers; ++t) {
+    const uint64_t bytes = profile_.layers[t].param_bytes;
+    std::vector<uint64_t>& bounds = ring_bounds_[t];
+    for (uint64_t off = 0; off < bytes; off += partition) {
+      const uint64_t elements = std::min(partition, bytes - off) / 4;
+      for (int c = 0; c < w_; ++c) bounds.push_back(off + 4 * (elements * c / w_));
+    }
+    bounds.push_back(bytes);
+    // Per host: a reduce-scatter hop of every chunk but the two whose ring ends at or next to it
+    // (distance W−1 and W−2 from where the ring starts), an all-gather hop of every chunk but
+    // those at distance W−2 (the all-gather's last receiver).
+    for (size_t g = 0; g + 1 < bounds.size(); ++g) {
+      for (int h = 0; h < w_ && w_ > 1; ++h) {
+        const int d = RingDistance(h, g);
+        const int hops = (d <= w_ - 2 ? 1 : 0) + (d == w_ - 1 || d <= w_ - 3 ? 1 : 0);
+        ring_sent_[t * w_ + h] += hops * ChunkBytes(static_cast<uint32_t>(t), g);
+      }
+    }
+  }
+}
+
+RingTensor& Engine::RingState(int host, int64_t iteration, uint32_t tensor) {
+  auto [it, inserted] = ring_[host].try_emplace(std::make_pair(iteration, tensor));
+  if (inserted) {
+    it->second.rs_in.assign(ring_bounds_[tensor].size() - 1, 0);
+    it->second.ag_in.assign(ring_bounds_[tensor].size() - 1, 0);
+  }
+  return it->second;
+}
+
+void Engine::RingDropIfDone(int host, int64_t iteration, uint32_t tensor) {
+  // Complete: every chunk's final value is here, so nothing more of it can legitimately arrive.
+  if (received_[host][iteration * profile_.layers.size() + tensor] ==
+      profile_.layers[tensor].param_bytes) {
+    ring_[host].erase(std::make_pair(iteration, tensor));
+  }
+}
+
+void Engine::RingLocalReady(int host, int64_t iteration, uint32_t tensor, TimeNs now) {
+  RingTensor& st = RingState(host, iteration, tensor);
+  st.local_ready = true;
+  for (size_t g = 0; g + 1 < ring_bounds_[tensor].size() && error_.ok(); ++g) {
+    const uint64_t len = ChunkBytes(tensor, g);
+    if (len == 0) continue;
+    const int d = RingDistance(host, g);
+    if (w_ == 1) {
+      RingFinal(host, iteration, tensor, g, now);
+    } else if (d == 0) {
+      RingSend(host, iteration, tensor, g, Direction::kPush, now);
+    } else if (st.rs_in[g] == len) {
+      RingReduce(host, iteration, tensor, g, now);
+    }
+  }
+  RingDropIfDone(host, iteration, tensor);
+}
+
+void Engine::RingArrive(int host, int64_t iteration, uint32_t tensor, uint64_t begin, uint64_t end,
+                        Direction direction, TimeNs now) {
+  const size_t index = iteration * profile_.layers.size() + tensor;
+  auto twice = [&] {
+    Fail(absl::InternalError(absl::StrCat(
+        "host ", host, " received more than once bytes of ", "tensor ", tensor, " in iteration ",
+        iteration, " (", direction == Direction::kPush ? "reduce-scatter" : "all-gather",
+        "): a policy sent a byte twice")));
+  };
+  if (received_[host][index] == profile_.layers[tensor].param_bytes) return twice();
+  RingTensor& st = RingState(host, iteration, tensor);
+  const std::vector<uint64_t>& bounds = ring_bounds_[tensor];
+  while (begin < end && error_.ok()) {
+    // The last chunk starting at or before `begin`: with empty chunks, the non-empty one.
+    const size_t g = static_cast<size_t>(std::upper_bound(bounds.begin(), bounds.end() - 1, begin) -
+                                         bounds.begin() - 1);
+    const uint64_t stop = std::min(end, bounds[g + 1]);
+    const uint64_t len = ChunkBytes(tensor, g);
+    const int d = RingDistance(host, g);
+    if (direction == Direction::kPush) {
+      // Reduce-scatter: every host but the ring's first receives the chunk once from the left.
+      if (d == 0) {
+        Fail(absl::InternalError(
+            absl::StrCat("host ", host, ": reduce-scatter bytes of tensor ", tensor, " chunk ", g,
+                         " arrived where the chunk's ring starts (iteration ", iteration, ")")));
+        return;
+      }
+      st.rs_in[g] += stop - begin;
+      if (st.rs_in[g] > len) return twice();
+      if (st.rs_in[g] == len && st.local_ready) RingReduce(host, iteration, tensor, g, now);
+    } else {
+      // All-gather: every host but the sum's owner receives the final chunk once.
+      if (d == w_ - 1) {
+        Fail(absl::InternalError(absl::StrCat("host ", host, ": all-gather bytes of tensor ",
+                                              tensor, " chunk ", g, " arrived at its owner ",
+                                              "(iteration ", iteration, ")")));
+        return;
+      }
+      st.ag_in[g] += stop - begin;
+      if (st.ag_in[g] > len) return twice();
+      if (st.ag_in[g] == len) {
+        RingFinal(host, iteration, tensor, g, now);
+        if (d <= w_ - 3) RingSend(host, iteration, tensor, g, Direction::kPull, now);
+      }
+    }
+    begin = stop;
+  }
+  if (!error_.ok()) return;
+  if (!ideal_) Pump(host, now);
+  RingDropIfDone(host, iteration, tensor);
+}
+
+void Engine::RingReduce(int host, int64_t iteration, uint32_t tensor, size_t chunk, TimeNs now) {
+  if (ideal_ || config_.aggregation_bytes_per_s <= 0) {
+    RingReduced(host, iteration, tensor, chunk, now);
+    return;
+  }
+  // The incoming partial sum plus the local gradient: 2·chunk input bytes.
+  Host& h = hosts_[host];
+  const long double ns = static_cast<long double>(ChunkBytes(tensor, chunk)) * 2 * 1e9L /
+                         static_cast<long double>(config_.aggregation_bytes_per_s);
+  h.agg_free = std::max(now, h.agg_free) + static_cast<TimeNs>(std::llround(ns));
+  ring_jobs_.push_back(RingJob{iteration, tensor, chunk});
+  Push(h.agg_free, EventType::kRingReduced, host, static_cast<int64_t>(ring_jobs_.size()) - 1);
+}
+
+void Engine::RingReduced(int host, int64_t iteration, uint32_t tensor, size_t chunk, TimeNs now) {
+  const int d = RingDistance(host, chunk);
+  if (d <= w_ - 2) {
+    RingSend(host, iteration, tensor, chunk, Direction::kPush, now);
+  } else {
+    // The end of the reduce-scatter: this host owns the sum and starts the all-gather.
+    RingFinal(host, iteration, tensor, chunk, now);
+    RingSend(host, iteration, tensor, chunk, Direction::kPull, now);
+  }
+}
+
+void Engine::RingFinal(int host, int64_t iteration, uint32_t tensor, size_t chunk, TimeNs now) {
+  const size_t index = iteration * profile_.layers.size() + tensor;
+  uint64_t& got = received_[host][index];
+  got += ChunkBytes(tensor, chunk);
+  if (got == profile_.layers[tensor].param_bytes && ResultReady(host, iteration, tensor)) {
+    TryAdvance(host, now);
+  }
+}
+
+void Engine::RingSend(int host, int64_t iteration, uint32_t tensor, size_t chunk,
+                      Direction direction, TimeNs now) {
+  const int peer = (host + 1) % w_;
+  const uint64_t offset = ring_bounds_[tensor][chunk];
+  const uint64_t length = ChunkBytes(tensor, chunk);
+  if (ideal_) {
+    // The bound's chain: the hop takes its bytes' time (less 1 ns per 4 KiB, see the header)
+    // plus one latency, with no contention, no θ and no summing time.
+    const int64_t id = NewMessage();
+    Message& m = messages_[id];
+    m.src = host;
+    m.dst = peer;
+    m.dispatch = -1;
+    m.iteration = iteration;
+    m.bytes = length;
+    Segment seg;
+    seg.key = MakeKey(tensor, 0);
+    seg.priority = priority_[tensor];
+    seg.direction = direction;
+    seg.peer = static_cast<uint16_t>(peer);
+    seg.iteration = iteration;
+    seg.offset = offset;
+    seg.length = length;
+    seg.ready_at = now;
+    m.segments.push_back(seg);
+    const TimeNs hop =
+        std::max<TimeNs>(0, TxNs(length) - RoundingSlack(length)) + config_.latency_ns;
+    Push(now + hop, EventType::kRingChainArrive, peer, id);
+    return;
+  }
+  ReadyRange range;
+  range.tensor_id = tensor;
+  range.priority = priority_[tensor];
+  range.dtype = DType::kF32;
+  range.direction = direction;
+  range.peer = static_cast<uint16_t>(peer);
+  range.iteration = iteration;
+  range.tensor_bytes = profile_.layers[tensor].param_bytes;
+  range.offset = offset;
+  range.length = length;
+  hosts_[host].policy->OnReady(range, now);
+}
+
+void Engine::PortArrive(int host, int64_t iteration, uint32_t tensor, uint64_t bytes, TimeNs now) {
+  const size_t index = iteration * profile_.layers.size() + tensor;
+  port_arrived_[host][index] += bytes;
+  if (port_arrived_[host][index] == ring_sent_[tensor * w_ + (host + w_ - 1) % w_] &&
+      ResultReady(host, iteration, tensor)) {
+    TryAdvance(host, now);
+  }
+}
+
 }  // namespace
 
+std::string_view SimModeName(SimMode mode) {
+  switch (mode) {
+    case SimMode::kParameterServer:
+      return "ps";
+    case SimMode::kAllReduce:
+      return "allreduce";
+  }
+  return "unknown";
+}
+
 absl::Status ValidateConfig(const ModelProfile& profile, const SimConfig& config) {
+  if (config.mode != SimMode::kParameterServer && config.mode != SimMode::kAllReduce) {
+    return absl::InvalidArgumentError("unknown mode");
+  }
   if (config.workers < 1 || config.workers > 4096) {
     return absl::InvalidArgumentError(
         absl::StrCat("workers must be in [1, 4096], got ", config.workers));
@@ -957,6 +1286,13 @@ absl::Status ValidateConfig(const ModelProfile& profile, const SimConfig& config
         absl::StrCat("the profile needs ", static_cast<double>(chunks),
                      " shard partitions (more than 2^24); raise the shard partition size"));
   }
+  // All-reduce: 2(W−1) hops of W chunks per partition and iteration.
+  if (config.mode == SimMode::kAllReduce &&
+      chunks * config.workers * 2 * (config.workers - 1) > (1 << 26)) {
+    return absl::InvalidArgumentError(
+        "all-reduce: more than 2^26 ring hops per iteration; raise the shard partition size or "
+        "simulate fewer workers");
+  }
   const long double per_iteration_ns =
       static_cast<long double>(profile.ForwardNs()) + profile.BackwardNs() +
       2.0L * config.workers * bytes * 8e9L / config.bandwidth_bits_per_s +
@@ -991,6 +1327,13 @@ absl::StatusOr<SimResult> Simulate(const ModelProfile& profile, const SimConfig&
 
 absl::StatusOr<SimResult> SimulateIdeal(const ModelProfile& profile, const SimConfig& config) {
   if (absl::Status s = ValidateConfig(profile, config); !s.ok()) return s;
+  if (config.mode == SimMode::kAllReduce) {
+    // One run: every uplink a fluid port of its own, plus the ring chain (header comment).
+    Engine engine(profile, config, /*ideal=*/true, IdealPorts{false, 0, true, true});
+    absl::StatusOr<SimResult> r = engine.Run(nullptr, "ideal");
+    if (r.ok()) r->variant = "all-reduce: every uplink + ring chain";
+    return r;
+  }
   // The bound is the largest of the single-port relaxations: each is a lower bound on its own.
   std::optional<SimResult> bound;
   for (int host = 0; host < config.workers; ++host) {
@@ -1009,6 +1352,9 @@ absl::StatusOr<SimResult> SimulateIdeal(const ModelProfile& profile, const SimCo
 
 absl::StatusOr<SimResult> SimulateFluid(const ModelProfile& profile, const SimConfig& config) {
   if (absl::Status s = ValidateConfig(profile, config); !s.ok()) return s;
+  if (config.mode != SimMode::kParameterServer) {
+    return absl::InvalidArgumentError("the fluid reference exists in ps mode only");
+  }
   Engine engine(profile, config, /*ideal=*/true, IdealPorts{true, 0, true});
   absl::StatusOr<SimResult> r = engine.Run(nullptr, "fluid");
   if (r.ok()) r->variant = "all ports";

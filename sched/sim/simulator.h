@@ -1,5 +1,6 @@
 // sched/sim/simulator.h — a deterministic discrete-event simulator of data-parallel training in
-// co-located parameter-server mode, driving the very same Policy code the daemon runs.
+// co-located parameter-server mode or ring all-reduce mode, driving the very same Policy code
+// the daemon runs.
 //
 // What is modelled (docs/simulator.md has the long form):
 //  * W hosts; each is a worker (one GPU) and a parameter-server shard. Gradient bytes are cut
@@ -51,6 +52,58 @@
 // on a network of ports, so it is NOT a bound (a policy can beat it when the shards are
 // unevenly loaded and the links are the bottleneck).
 //
+// All-reduce mode (SimConfig::mode = SimMode::kAllReduce) replaces the parameter server by ring
+// all-reduce among the W hosts; links, θ, latency, acks, credit, compute and the metrics are as
+// above. Every tensor is cut into partitions of SimConfig::shard_partition_bytes (the unit of
+// preemption), each partition into W chunks at 4-byte (f32 element) boundaries, chunk c of a
+// partition holding elements [⌊e·c/W⌋, ⌊e·(c+1)/W⌋) of its e (the last chunk also takes any
+// bytes past the last whole element; empty chunks are skipped). Chunk c's ring is 2(W−1) hops,
+// hop j going from host c+j to host c+j+1 (mod W): hops 0..W−2 are the reduce-scatter (in step
+// s host r sends chunk r−s to r+1), hops W−1..2W−3 the all-gather. Each hop is one ReadyRange
+// fed to the sender's Policy (kPush for reduce-scatter, kPull for all-gather, peer = the right
+// neighbour, the tensor's priority), which cuts and orders it as it does pushes and pulls. A
+// host sends its reduce-scatter hop of a chunk once its own gradient is ready and (hop ≥ 1) the
+// whole chunk from the left arrived and was summed with its contribution (2·chunk input bytes on
+// the host's summing engine at aggregation_bytes_per_s); the host where the reduce-scatter ends
+// (c−1) owns the sum and starts the all-gather; the others forward the whole chunk once it
+// arrived. A tensor's result is complete on a host when it holds the final value of every
+// chunk; layer i of the next forward waits for that, as in ps mode. Every host's uplink carries
+// 2(W−1)/W of every tensor's bytes (up to element rounding), so ρ means the same in both modes.
+//
+// The all-reduce bound (SimulateIdeal in all-reduce mode) is one run of a relaxation R that keeps
+// the workers, their compute and the chunk layout and replaces the network by two necessary
+// conditions on when worker w may have tensor i's result of iteration k:
+//  (a) the ring chain: every hop of a chunk starts no earlier than the previous hop arrived and
+//      (reduce-scatter and the owner's first all-gather hop) the sender's gradient is ready, and
+//      arrives no earlier than chunk bytes/B + latency after it started (less 1 ns per 4 KiB,
+//      so that a policy's segment times, rounded to whole ns, cannot undercut it): R runs the
+//      ring with every hop taking exactly that, with no contention, no θ, no summing time;
+//  (b) the uplink of the left neighbour h = w−1: every byte h sends of tensor i in the ring is
+//      needed by w's result (all-gather hops directly, reduce-scatter hops through the owner's
+//      sum), and none can leave before h's own gradient of i is ready (all-gather hops carry
+//      sums that include it). R gives each uplink a fluid port (pieces as in the ps bound) that
+//      carries, per tensor and iteration, the bytes its host sends of it, released when the
+//      host's gradient is ready, preemptive, earliest due date first: older iteration first,
+//      then Σ fwd of the layers before the tensor's layer (also 1 ns per 4 KiB faster than the
+//      link, as in (a)); w gets the result one latency after h's port finished it, and only once
+//      (a) holds too.
+// Why it is a lower bound: in any policy run both conditions hold (a message holds the uplink for
+// θ + m/B and is delivered ≥ latency after its last byte left; a chunk hop can only be forwarded
+// whole), so every run is a feasible schedule of R, and R's ports are independent of each
+// other (each only feeds its right neighbour). Given the ready times, worker w's backward start
+// of iteration k+1 is Σfwd + max(its previous backward end, max_i (result_i − Σ fwd before i))
+// and its next start is max(previous backward end, result_0): with (a) fixed by the ready times,
+// they are minimised by the schedule of port w−1 that minimises the maximum lateness of
+// iteration k's jobs against Σ fwd before their layer and layer 0's completion — earliest due
+// date first (Horn's rule for 1|r_j,pmtn|Lmax; layer 0 has the earliest due date), after the
+// older iterations, which never hurts (w can use iteration k+1's results only after a backward
+// that needs every result of iteration k). Induction over iterations: every ready time and start
+// of R is ≤ that of any run, so T_R ≤ the policy's total_ns, for every prefix of iterations. The
+// latency counted is only what every schedule pays: one per hop of the chain, one after h's
+// last byte. With one tensor and no compute overlap the bound is C + 2(W−1)·(chunk/B +
+// latency): the ring time of a policy run less its θ and summing time. A randomised test checks
+// it against every policy on many small models and configs.
+//
 // Metrics (per measured iteration, averaged):
 //  * Iteration k starts when worker w starts iteration k's first forward layer: S(k,w).
 //    T(k) = max_w S(k+1,w) − max_w S(k,w). iteration_ns is the mean over measured iterations.
@@ -84,7 +137,17 @@
 
 namespace gradlane::sched::sim {
 
+// How gradients are exchanged (see the header comment).
+enum class SimMode : uint8_t {
+  kParameterServer,  // co-located parameter servers, one shard per host (the default)
+  kAllReduce,        // ring all-reduce: reduce-scatter then all-gather, per partition
+};
+
+// "ps" / "allreduce".
+std::string_view SimModeName(SimMode mode);
+
 struct SimConfig {
+  SimMode mode = SimMode::kParameterServer;
   int workers = 3;
   // Per direction, per host.
   double bandwidth_bits_per_s = 10e9;
@@ -99,7 +162,8 @@ struct SimConfig {
   // Summing rate of a shard over input bytes (W·m per m-byte range); 0 = instantaneous.
   // 50 GB/s is a few vectorised cores: fast next to any link modelled here.
   double aggregation_bytes_per_s = 50e9;
-  // Granularity of the key → shard assignment (BytePS's 4 MB partitions).
+  // Granularity of the key → shard assignment (BytePS's 4 MB partitions). All-reduce mode: the
+  // ring's partition size, each partition cut into W chunks.
   uint64_t shard_partition_bytes = 4ull << 20;
   // Even and long enough that period-2 patterns (a policy alternating a long and a short
   // iteration) average out; the first iteration has no pull to wait for and is always short.
@@ -162,10 +226,11 @@ absl::StatusOr<SimResult> Simulate(const ModelProfile& profile, const SimConfig&
                                    const PolicyFactory& factory, std::string_view label);
 
 // Runs the ideal bound (see the header comment). Its result is labelled "ideal"; `variant` names
-// the port whose relaxation gave the bound.
+// the port whose relaxation gave the bound (ps mode) or the all-reduce relaxation.
 absl::StatusOr<SimResult> SimulateIdeal(const ModelProfile& profile, const SimConfig& config);
 
-// Runs the all-ports fluid priority schedule (a reference, not a bound). Labelled "fluid".
+// Runs the all-ports fluid priority schedule (a reference, not a bound). Labelled "fluid". ps mode
+// only (InvalidArgument in all-reduce mode).
 absl::StatusOr<SimResult> SimulateFluid(const ModelProfile& profile, const SimConfig& config);
 
 }  // namespace gradlane::sched::sim

@@ -3,6 +3,13 @@
 # W ∈ {3, 8}, every policy, as ratios to the ideal bound (docs/simulator.md, issue #12).
 #
 #   tests/bench/sim-table.sh [BUILD_DIR] [PROFILE.json ...] > table.csv
+#   tests/bench/sim-table.sh --allreduce [BUILD_DIR] [PROFILE.json ...] > allreduce.csv
+#
+# --allreduce (docs/simulator.md, "All-reduce mode"): ring all-reduce instead, every profile
+# (tiny.json included) at ρ = 1 × bandwidth ∈ {1, 3, 10} Gbit/s × W ∈ {3, 8} × priorities ∈
+# {index, pace}: each policy's T / the all-reduce bound, the best policy of the row and the
+# bound in ms; on stderr, per policy the geometric mean of T / bound, the rows where it is best
+# and its worst row.
 #
 # Defaults: build-h12 (any build dir with sched/gradlane-sim), every tests/data/models/*.json
 # but tiny.json. GRADLANE_SIM_JOBS runs that many simulations at once (default 2). Output: one
@@ -14,15 +21,62 @@
 # same inputs give the same table on any machine and load.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
+allreduce=0
+if [[ ${1:-} == --allreduce ]]; then
+  allreduce=1
+  shift
+fi
 build=${1:-build-h12}
 shift || true
 sim="$root/$build/sched/gradlane-sim"
 [[ -x $sim ]] || { echo "sim-table: $sim not built (ninja -C $build sched/gradlane-sim)" >&2; exit 2; }
+jobs=${GRADLANE_SIM_JOBS:-2}
+policies=fifo,p3,bytescheduler,prophet,gradlane
+
+if ((allreduce)); then
+  (($# > 0)) || set -- "$root"/tests/data/models/*.json
+  arrow() {  # profile bandwidth workers priorities
+    "$sim" --mode allreduce --profile "$1" --rho 1 --bandwidth "$2" --workers "$3" \
+        --priorities "$4" --policy "$policies" --format csv |
+      awk -F, -v p="$(basename "$1" .json)" -v bw="$2" -v w="$3" -v pr="$4" '
+        NR == 1 { next }
+        { r[$1] = $4; ms[$1] = $2 }
+        END {
+          n = split("fifo p3 bytescheduler prophet gradlane", names, " ")
+          best = names[1]
+          for (i = 2; i <= n; i++) if (r[names[i]] < r[best]) best = names[i]
+          printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", p, bw, w, pr, r["fifo"], r["p3"],
+                 r["bytescheduler"], r["prophet"], r["gradlane"], best, ms["ideal"]
+        }'
+  }
+  export -f arrow
+  export sim policies
+  rows=$(mktemp)
+  trap 'rm -f "$rows"' EXIT
+  for p in "$@"; do for bw in 1gbit 3gbit 10gbit; do for w in 3 8; do for pr in index pace; do
+    echo "$p $bw $w $pr"
+  done; done; done; done | xargs -P "$jobs" -n 4 bash -c 'arrow "$@"' _ |
+    sort -t, -k1,1 -k2,2V -k3,3n -k4,4 > "$rows"
+  echo "profile,bandwidth,workers,priorities,fifo,p3,bytescheduler,prophet,gradlane,best,ideal_ms"
+  cat "$rows"
+  awk -F, '
+    { n++; split("fifo p3 bytescheduler prophet gradlane", names, " ")
+      for (i = 1; i <= 5; i++) {
+        v = $(4 + i); lg[i] += log(v); if (v > worst[i]) { worst[i] = v; wrow[i] = $1 "/" $2 "/W" $3 "/" $4 }
+        if (names[i] == $10) wins[i]++ }
+      b = 1e9; for (i = 1; i <= 5; i++) if ($(4 + i) < b) b = $(4 + i)
+      if (b > bworst) { bworst = b; brow = $0 } if (b <= 1.10) bok++ }
+    END {
+      printf "# rows %d; the best policy within 1.10x of the bound in %d; worst best-policy row: %s\n", n, bok, brow > "/dev/stderr"
+      for (i = 1; i <= 5; i++)
+        printf "# %s: geometric mean %.3f, best in %d rows, worst %.3f (%s)\n", names[i], exp(lg[i] / n), wins[i], worst[i], wrow[i] > "/dev/stderr"
+    }' "$rows"
+  exit 0
+fi
+
 if (($# == 0)); then
   set -- $(ls "$root"/tests/data/models/*.json | grep -v '/tiny.json$')
 fi
-jobs=${GRADLANE_SIM_JOBS:-2}
-policies=fifo,p3,bytescheduler,prophet,gradlane
 
 row() {  # profile rho bandwidth workers
   "$sim" --profile "$1" --rho "$2" --bandwidth "$3" --workers "$4" --policy "$policies" \

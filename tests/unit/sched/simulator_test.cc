@@ -5,6 +5,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <set>
 #include <sstream>
@@ -583,6 +584,321 @@ TEST(SimulatorTest, InvalidConfigsAreRejected) {
   c.measured_iterations = 100000;
   EXPECT_THAT(std::string(Simulate(Uniform(200, 1000, 10, 10), c, f, "x").status().message()),
               HasSubstr("2^25"));
+}
+
+// --- All-reduce mode (SimConfig::mode = SimMode::kAllReduce).
+
+SimConfig AllReduce(SimConfig c) {
+  c.mode = SimMode::kAllReduce;
+  return c;
+}
+
+TEST(AllReduceSimTest, OneTensorRingMatchesTheHandComputedTime) {
+  // One tensor of W MiB in one partition: W chunks of 1 MiB. No compute overlaps the ring, so
+  // per iteration: fwd + bwd, then 2(W−1) steps of θ + latency + 1 MiB/B each (every host sends
+  // one chunk per step, so no link carries two messages at once), and W−1 reductions of
+  // 2 MiB of input at 10 GB/s = 209 715.2 ns -> 209 715 ns.
+  for (int w : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat("W=", w));
+    const ModelProfile p =
+        MustParse(absl::StrCat(R"({"model": "one", "layers": [{"name": "w", "param_bytes": )",
+                               w * 1048576, R"(, "fwd_us": 1000, "bwd_us": 2000}]})"));
+    SimConfig c;
+    c.workers = w;
+    c.bandwidth_bits_per_s = 1e9;
+    c.overhead_ns = 50'000;
+    c.latency_ns = 25'000;
+    c.aggregation_bytes_per_s = 10e9;
+    c.warmup_iterations = 1;
+    c.measured_iterations = 3;
+    c.ideal_granularity_bytes = 16384;
+    c = AllReduce(c);
+    const TimeNs step = 50'000 + 25'000 + 8'388'608;
+    const TimeNs expected = 3'000'000 + 2 * (w - 1) * step + (w - 1) * 209'715;
+    for (const NamedFactory& f : AllPolicies()) {
+      // Those that cut a 1 MiB chunk into several messages (each paying θ) or hold the next
+      // step until the previous one's ack is back: not this formula.
+      if (f.name == "ref-stop-and-wait-256k" || f.name == "p3" || f.name == "prophet" ||
+          f.name == "gradlane") {
+        continue;
+      }
+      SCOPED_TRACE(f.name);
+      absl::StatusOr<SimResult> r = Simulate(p, c, f.factory, f.name);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_EQ(r->iteration_ns.size(), 3u);
+      for (TimeNs t : r->iteration_ns) EXPECT_EQ(t, expected);
+      ASSERT_EQ(r->links.size(), static_cast<size_t>(w));
+      for (const LinkStats& l : r->links) {
+        // 2(W−1)/W of the tensor's bytes each way: one 1 MiB message per step.
+        EXPECT_DOUBLE_EQ(l.up_bytes, 2.0 * (w - 1) * 1048576);
+        EXPECT_DOUBLE_EQ(l.down_bytes, 2.0 * (w - 1) * 1048576);
+        EXPECT_DOUBLE_EQ(l.up_messages, 2.0 * (w - 1));
+        EXPECT_DOUBLE_EQ(l.up_busy_ns, 2.0 * (w - 1) * (50'000 + 8'388'608));
+      }
+      EXPECT_NEAR(r->rho, 2.0 * (w - 1) / w * w * 1048576 * 8 / 1e9 / 3e-3, 1e-9);
+    }
+    // The bound: the same 2(W−1) hops with neither θ nor summing time, each 1 ns per 4 KiB
+    // shorter (256 ns); the ports (2(W−1) MiB per uplink, then one latency) finish earlier.
+    absl::StatusOr<SimResult> ideal = SimulateIdeal(p, c);
+    ASSERT_TRUE(ideal.ok()) << ideal.status();
+    for (TimeNs t : ideal->iteration_ns) {
+      EXPECT_EQ(t, 3'000'000 + 2 * (w - 1) * (25'000 + 8'388'608 - 256));
+    }
+    for (const LinkStats& l : ideal->links) {
+      EXPECT_DOUBLE_EQ(l.up_bytes, 2.0 * (w - 1) * 1048576);
+    }
+  }
+}
+
+TEST(AllReduceSimTest, ChunksAreElementAlignedAndEveryHostSendsItsShare) {
+  // 1 000 003 bytes in 4 MiB partitions: 250 000 elements + 3 bytes, W = 3: chunks of 83 333,
+  // 83 333 and 83 334 elements (+ 3 bytes). Host h sends a reduce-scatter hop of chunks at
+  // distance 0..W−2 and an all-gather hop of those at distance W−1 and 0..W−3 from its start.
+  const ModelProfile p = Uniform(2, 1'000'003, 500, 1000);
+  SimConfig c = AllReduce(SmallConfig(5e9));
+  for (const NamedFactory& f : AllPolicies()) {
+    SCOPED_TRACE(f.name);
+    absl::StatusOr<SimResult> r = Simulate(p, c, f.factory, f.name);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const std::vector<double> chunk = {333'332, 333'332, 333'339};
+    double up = 0;
+    for (int h = 0; h < 3; ++h) {
+      // W = 3: host h starts chunk h's ring (sends it in both phases), sends chunk h−1 on
+      // (reduce-scatter) and its own sum, chunk h+1 (all-gather): its tensor's bytes plus chunk h.
+      const double mine = 1'000'003 + chunk[h];
+      EXPECT_DOUBLE_EQ(r->links[h].up_bytes, 2 * mine) << h;         // two tensors
+      EXPECT_DOUBLE_EQ(r->links[(h + 1) % 3].down_bytes, 2 * mine);  // all to the right
+      up += r->links[h].up_bytes;
+    }
+    EXPECT_DOUBLE_EQ(up, 2.0 * 2 * 2 * 1'000'003);  // 2(W−1) of W chunks of each tensor
+  }
+}
+
+// Records, per host, the tensor of every segment a policy dispatches (and when).
+class Recording : public RefPriority {
+ public:
+  using Log = std::vector<std::pair<TimeNs, uint32_t>>;
+  Recording(uint64_t partition, uint64_t credit, std::shared_ptr<Log> log)
+      : RefPriority(partition, credit), log_(std::move(log)) {}
+  bool NextDispatch(TimeNs now, Dispatch& out) override {
+    if (!RefPriority::NextDispatch(now, out)) return false;
+    for (const Segment& s : out.segments) {
+      if (s.iteration == 1) log_->emplace_back(now, KeyTensor(s.key));
+    }
+    return true;
+  }
+
+ private:
+  std::shared_ptr<Log> log_;
+};
+
+TEST(AllReduceSimTest, AnUrgentTensorsRingStepsOvertakeALessUrgentOnes) {
+  // Layer 1 (24 MiB, 6 partitions) is ready 10 ms into backward, layer 0 (3 MiB) 10 ms later,
+  // with layer 1's ring steps queued on every host. A priority policy sends layer 0's steps
+  // between layer 1's partitions: layer 0's result is back long before layer 1's, its 100 ms
+  // forward overlaps layer 1's ring, and the iteration is shorter than with FIFO.
+  const ModelProfile p = MustParse(R"({"model": "two", "layers": [
+      {"name": "first", "param_bytes": 3145728, "fwd_us": 100000, "bwd_us": 10000},
+      {"name": "big", "param_bytes": 25165824, "fwd_us": 1000, "bwd_us": 10000}]})");
+  SimConfig c = AllReduce(SmallConfig(1e9));
+  auto log = std::make_shared<Recording::Log>();
+  const PolicyFactory recording = [log] {
+    return absl::StatusOr<std::unique_ptr<Policy>>(
+        std::make_unique<Recording>(1 << 20, 2 << 20, log));
+  };
+  absl::StatusOr<SimResult> prio = Simulate(p, c, recording, "prio");
+  absl::StatusOr<SimResult> fifo = Simulate(p, c, ReferencePolicies()[0].factory, "fifo");
+  ASSERT_TRUE(prio.ok() && fifo.ok());
+  EXPECT_LT(prio->mean_iteration_ns, 0.9 * fifo->mean_iteration_ns);
+  // In iteration 1, the last segment of layer 0 leaves well before the last of layer 1, though
+  // layer 1 was ready first and was still being sent when layer 0 became ready.
+  TimeNs first_big = kNever, last_first = 0, last_big = 0, first_first = kNever;
+  for (const auto& [t, tensor] : *log) {
+    if (tensor == 0) {
+      first_first = std::min(first_first, t);
+      last_first = std::max(last_first, t);
+    } else {
+      first_big = std::min(first_big, t);
+      last_big = std::max(last_big, t);
+    }
+  }
+  EXPECT_LT(first_big, first_first);
+  EXPECT_LT(last_first, last_big);
+  EXPECT_LT(last_first - first_first, (last_big - first_big) / 2);
+  // The configured priorities reach the policies: reversed, layer 1 goes first and the
+  // iteration gets longer; the bound ignores them.
+  SimConfig reversed = c;
+  reversed.priorities = {1, 0};
+  absl::StatusOr<SimResult> by_reverse = Simulate(p, reversed, recording, "prio");
+  ASSERT_TRUE(by_reverse.ok());
+  EXPECT_LT(prio->mean_iteration_ns, 0.9 * by_reverse->mean_iteration_ns);
+  absl::StatusOr<SimResult> ideal = SimulateIdeal(p, c);
+  absl::StatusOr<SimResult> ideal_reverse = SimulateIdeal(p, reversed);
+  ASSERT_TRUE(ideal.ok() && ideal_reverse.ok());
+  EXPECT_EQ(ideal->iteration_ns, ideal_reverse->iteration_ns);
+  EXPECT_LE(ideal->total_ns, prio->total_ns);
+}
+
+TEST(AllReduceSimTest, SameInputsGiveIdenticalResults) {
+  const auto profiles = Profiles();
+  const ModelProfile& p = profiles.back().second;
+  const SimConfig c = AllReduce(SmallConfig(2e9));
+  for (const NamedFactory& f : AllPolicies()) {
+    absl::StatusOr<SimResult> a = Simulate(p, c, f.factory, f.name);
+    absl::StatusOr<SimResult> b = Simulate(p, c, f.factory, f.name);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->iteration_ns, b->iteration_ns) << f.name;
+    EXPECT_EQ(a->events, b->events) << f.name;
+    for (size_t h = 0; h < a->links.size(); ++h) {
+      EXPECT_EQ(a->links[h].up_busy_ns, b->links[h].up_busy_ns) << f.name;
+    }
+    // Not the ps run under another name.
+    absl::StatusOr<SimResult> ps = Simulate(p, SmallConfig(2e9), f.factory, f.name);
+    ASSERT_TRUE(ps.ok());
+    EXPECT_NE(a->events, ps->events) << f.name;
+  }
+  absl::StatusOr<SimResult> a = SimulateIdeal(p, c);
+  absl::StatusOr<SimResult> b = SimulateIdeal(p, c);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->iteration_ns, b->iteration_ns);
+  EXPECT_EQ(a->events, b->events);
+}
+
+TEST(AllReduceSimTest, FreeNetworkOrOneWorkerGivesPureComputeTime) {
+  for (const auto& [name, profile] : Profiles()) {
+    SimConfig c = AllReduce(SmallConfig(1e30));
+    c.overhead_ns = 0;
+    c.latency_ns = 0;
+    c.aggregation_bytes_per_s = 0;
+    for (const NamedFactory& f : AllPolicies()) {
+      SCOPED_TRACE(absl::StrCat(name, " / ", f.name));
+      absl::StatusOr<SimResult> r = Simulate(profile, c, f.factory, f.name);
+      ASSERT_TRUE(r.ok()) << r.status();
+      for (TimeNs t : r->iteration_ns) EXPECT_EQ(t, profile.ComputeNs());
+    }
+    absl::StatusOr<SimResult> ideal = SimulateIdeal(profile, c);
+    ASSERT_TRUE(ideal.ok()) << ideal.status();
+    for (TimeNs t : ideal->iteration_ns) EXPECT_EQ(t, profile.ComputeNs()) << name;
+  }
+  const ModelProfile p = Uniform(4, 1 << 20, 300, 600);
+  SimConfig one = AllReduce(SmallConfig(1e6));
+  one.workers = 1;
+  absl::StatusOr<SimResult> r = Simulate(p, one, ReferencePolicies()[0].factory, "fifo");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->mean_iteration_ns, p.ComputeNs());
+  EXPECT_DOUBLE_EQ(r->links[0].up_bytes, 0);
+  absl::StatusOr<SimResult> ideal = SimulateIdeal(p, one);
+  ASSERT_TRUE(ideal.ok()) << ideal.status();
+  EXPECT_DOUBLE_EQ(ideal->mean_iteration_ns, p.ComputeNs());
+}
+
+TEST(AllReduceSimTest, BoundIsBelowEveryPolicyOnEveryProfileAndBandwidth) {
+  for (const auto& [name, profile] : Profiles()) {
+    for (double gbit : {1.0, 10.0}) {
+      const SimConfig c = AllReduce(SmallConfig(gbit * 1e9));
+      absl::StatusOr<SimResult> ideal = SimulateIdeal(profile, c);
+      ASSERT_TRUE(ideal.ok()) << ideal.status();
+      EXPECT_GE(ideal->mean_iteration_ns, static_cast<double>(profile.ComputeNs()));
+      for (const NamedFactory& f : AllPolicies()) {
+        SCOPED_TRACE(absl::StrCat(name, " at ", gbit, " Gbit/s: ", f.name));
+        absl::StatusOr<SimResult> r = Simulate(profile, c, f.factory, f.name);
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_LE(ideal->total_ns, r->total_ns);
+        // Every policy and the bound's ports move the same bytes per uplink.
+        for (size_t h = 0; h < r->links.size(); ++h) {
+          EXPECT_DOUBLE_EQ(r->links[h].up_bytes, ideal->links[h].up_bytes);
+        }
+        EXPECT_DOUBLE_EQ(r->comm_ns, ideal->comm_ns);
+      }
+    }
+  }
+}
+
+// The all-reduce bound against many small random models and configs: W = 1–5, θ 0 or 50 µs,
+// random latency, summing rate, partition size, stepwise ready times and priorities (the bound
+// ignores them; policies follow them), every policy plus a priority policy with random δ and
+// credit. Seeded: a failure is reproducible. GRADLANE_SIM_TRIALS=N runs N trials instead of 150
+// (and GRADLANE_SIM_SEED another seed), for a longer search.
+TEST(AllReduceSimTest, BoundHoldsOnRandomSmallModels) {
+  const char* trials_env = std::getenv("GRADLANE_SIM_TRIALS");
+  const char* seed_env = std::getenv("GRADLANE_SIM_SEED");
+  const int trials = trials_env != nullptr ? std::atoi(trials_env) : 150;
+  std::mt19937_64 rng(seed_env != nullptr ? std::strtoull(seed_env, nullptr, 10) : 20261126);
+  auto uniform = [&](uint64_t lo, uint64_t hi) { return lo + rng() % (hi - lo + 1); };
+  for (int trial = 0; trial < trials; ++trial) {
+    const int layers = static_cast<int>(uniform(1, 6));
+    const bool stepwise = uniform(0, 1) == 1;
+    std::string json = R"({"model": "random", "layers": [)";
+    for (int i = 0; i < layers; ++i) {
+      absl::StrAppend(&json, i ? "," : "", R"({"name": "l)", i, R"(", "param_bytes": )",
+                      uniform(0, 3) == 0 ? uniform(0, 64) : uniform(1000, 6'000'000),
+                      R"(, "fwd_us": )", uniform(0, 3000), R"(, "bwd_us": )", uniform(0, 6000));
+      if (stepwise) absl::StrAppend(&json, R"(, "ready_us": )", 1000 * uniform(0, 8));
+      absl::StrAppend(&json, "}");
+    }
+    absl::StrAppend(&json, "]}");
+    const ModelProfile p = MustParse(json);
+    SimConfig c = AllReduce(SmallConfig(1e9 * static_cast<double>(uniform(1, 40)) / 4));
+    c.workers = static_cast<int>(uniform(1, 5));
+    c.overhead_ns = static_cast<TimeNs>(uniform(0, 1) * 50'000);
+    c.latency_ns = static_cast<TimeNs>(uniform(0, 50'000));
+    c.aggregation_bytes_per_s = uniform(0, 1) ? 0 : 20e9;
+    c.shard_partition_bytes = uniform(1, 16) << 18;
+    if (uniform(0, 1)) {
+      for (int i = 0; i < layers; ++i) c.priorities.push_back(static_cast<Priority>(i));
+      std::shuffle(c.priorities.begin(), c.priorities.end(), rng);
+    }
+    SCOPED_TRACE(absl::StrCat(
+        "trial ", trial, ": W=", c.workers, " B=", c.bandwidth_bits_per_s, " θ=", c.overhead_ns,
+        " latency=", c.latency_ns, " aggregation=", c.aggregation_bytes_per_s,
+        " partition=", c.shard_partition_bytes, " priorities=", c.priorities.size(), " ", json));
+    absl::StatusOr<SimResult> ideal = SimulateIdeal(p, c);
+    ASSERT_TRUE(ideal.ok()) << ideal.status();
+    EXPECT_GE(ideal->total_ns, p.ComputeNs() * (c.warmup_iterations + c.measured_iterations));
+    const uint64_t partition = uniform(1, 16) << 16;
+    const uint64_t credit = partition * uniform(1, 4);
+    const PolicyFactory tight = [partition, credit] {
+      return absl::StatusOr<std::unique_ptr<Policy>>(
+          std::make_unique<RefPriority>(partition, credit));
+    };
+    std::vector<NamedFactory> policies = AllPolicies();
+    policies.push_back({"ref-priority-random", tight});
+    for (const NamedFactory& f : policies) {
+      absl::StatusOr<SimResult> r = Simulate(p, c, f.factory, f.name);
+      ASSERT_TRUE(r.ok()) << f.name << ": " << r.status();
+      EXPECT_LE(ideal->total_ns, r->total_ns) << f.name;
+    }
+  }
+}
+
+TEST(AllReduceSimTest, ContractBreachesAndStallsAreErrors) {
+  const ModelProfile p = Uniform(3, 1'000'000, 10, 10);
+  const SimConfig c = AllReduce(SmallConfig(1e9));
+  for (Broken::Fault fault : {Broken::kWrongPeer, Broken::kTwice}) {
+    absl::StatusOr<SimResult> r = Simulate(
+        p, c,
+        [fault] {
+          return absl::StatusOr<std::unique_ptr<Policy>>(std::make_unique<Broken>(fault));
+        },
+        "broken");
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr(fault == Broken::kWrongPeer ? "invalid segment" : "byte twice"));
+  }
+  absl::StatusOr<SimResult> r = Simulate(
+      p, c, [] { return absl::StatusOr<std::unique_ptr<Policy>>(std::make_unique<Mute>()); },
+      "mute");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("stalled"));
+  EXPECT_EQ(SimulateFluid(p, c).status().code(), absl::StatusCode::kInvalidArgument);
+  // A ring the simulator could only run by exhausting memory is refused up front.
+  SimConfig huge = AllReduce(SmallConfig(1e9));
+  huge.workers = 4096;
+  absl::StatusOr<SimResult> big =
+      Simulate(Uniform(2, 100'000'000, 10, 10), huge, ReferencePolicies()[0].factory, "fifo");
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(big.status().message()), HasSubstr("ring hops"));
 }
 
 }  // namespace
