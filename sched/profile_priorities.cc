@@ -2,22 +2,26 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 #include "sched/dag.h"
 
 namespace gradlane::sched {
 
 absl::StatusOr<std::vector<Priority>> ProfileLayerPriorities(const ModelProfile& profile,
-                                                            PriorityMode mode,
-                                                            double link_bytes_per_s) {
+                                                             PriorityMode mode,
+                                                             double link_bytes_per_s) {
   if (mode == PriorityMode::kIndex) return std::vector<Priority>{};
   std::vector<TensorSpec> tensors;
   std::vector<ChainLayer> chain;
   for (size_t i = 0; i < profile.layers.size(); ++i) {
     const ModelLayer& l = profile.layers[i];
-    chain.push_back({l.name, l.param_bytes, l.fwd_ns, l.bwd_ns});
+    // The DAG needs a name for every op (vit_b_16's class token has none in its profile).
+    chain.push_back(
+        {l.name.empty() ? absl::StrCat("layer#", i) : l.name, l.param_bytes, l.fwd_ns, l.bwd_ns});
     if (l.param_bytes > 0) {
-      tensors.push_back({static_cast<uint32_t>(i), l.param_bytes, DType::kF32,
-                         static_cast<Priority>(i)});
+      tensors.push_back(
+          {static_cast<uint32_t>(i), l.param_bytes, DType::kF32, static_cast<Priority>(i)});
     }
   }
   PriorityOptions options;

@@ -22,8 +22,8 @@ namespace gradlane::sched {
 // them). DAG modes use the profile's layer chain (sched/dag.h BuildChainDag); `link_bytes_per_s`
 // is TAC's time oracle for a transfer.
 absl::StatusOr<std::vector<Priority>> ProfileLayerPriorities(const ModelProfile& profile,
-                                                            PriorityMode mode,
-                                                            double link_bytes_per_s);
+                                                             PriorityMode mode,
+                                                             double link_bytes_per_s);
 
 }  // namespace gradlane::sched
 

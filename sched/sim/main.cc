@@ -38,6 +38,7 @@
 #include "sched/model_profile.h"
 #include "sched/policy.h"
 #include "sched/priority.h"
+#include "sched/profile_priorities.h"
 #include "sched/sim/simulator.h"
 
 ABSL_FLAG(std::string, profile, "", "model profile JSON file (docs/design.md §5 format); required");
@@ -187,47 +188,7 @@ absl::StatusOr<std::vector<Priority>> LayerPriorities(const ModelProfile& profil
   if (!mode.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--priorities: ", mode.status().message()));
   }
-  if (*mode == gradlane::sched::PriorityMode::kIndex) return std::vector<Priority>{};
-  std::vector<gradlane::sched::TensorSpec> tensors;
-  std::vector<gradlane::sched::ChainLayer> chain;
-  for (size_t i = 0; i < profile.layers.size(); ++i) {
-    const auto& l = profile.layers[i];
-    // The DAG needs a name for every op (vit_b_16's class token has none in its profile).
-    chain.push_back(
-        {l.name.empty() ? absl::StrCat("layer#", i) : l.name, l.param_bytes, l.fwd_ns, l.bwd_ns});
-    if (l.param_bytes > 0) {
-      tensors.push_back({static_cast<uint32_t>(i), l.param_bytes, gradlane::sched::DType::kF32,
-                         static_cast<Priority>(i)});
-    }
-  }
-  gradlane::sched::PriorityOptions options;
-  options.link_bytes_per_s = bytes_per_s;
-  gradlane::sched::AutoPriority learner;
-  if (*mode == gradlane::sched::PriorityMode::kAuto) {
-    // What the daemon would learn from the first iteration: the profile's ready order (ties in
-    // the order the simulator posts them: later layers first).
-    std::vector<size_t> order;
-    for (const auto& t : tensors) {
-      learner.Register(t.id);
-      order.push_back(t.id);
-    }
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      const TimeNs ra = profile.layers[a].ready_ns, rb = profile.layers[b].ready_ns;
-      return ra != rb ? ra < rb : a > b;
-    });
-    for (size_t id : order) learner.Observe(static_cast<uint32_t>(id), 0);
-    learner.Freeze();
-    options.auto_learner = &learner;
-  }
-  absl::StatusOr<gradlane::sched::Dag> dag = gradlane::sched::BuildChainDag(chain);
-  if (!dag.ok()) return dag.status();
-  absl::StatusOr<std::vector<Priority>> assigned =
-      gradlane::sched::AssignPriorities(*mode, tensors, &*dag, options);
-  if (!assigned.ok()) return assigned.status();
-  std::vector<Priority> per_layer(profile.layers.size());
-  for (size_t i = 0; i < per_layer.size(); ++i) per_layer[i] = static_cast<Priority>(i);
-  for (size_t k = 0; k < tensors.size(); ++k) per_layer[tensors[k].id] = (*assigned)[k];
-  return per_layer;
+  return gradlane::sched::ProfileLayerPriorities(profile, *mode, bytes_per_s);
 }
 
 std::string Fixed(double v, int digits) {
