@@ -23,6 +23,12 @@ ABSL_FLAG(std::string, default_policy, "bytescheduler",
           "scheduling policy for jobs that name none: fifo, p3, bytescheduler, prophet, "
           "gradlane");
 ABSL_FLAG(std::string, reduce, "sum", "reduction of the W contributions: sum or mean");
+ABSL_FLAG(std::string, allreduce_fusion, "pace",
+          "all-reduce jobs: pace (fuse small tensors into ring buckets by PACE's balanced fusion, "
+          "planned once from the measured ready times and link cost), greedy (fuse every run of "
+          "small tensors up to one partition, like a fusion buffer) or off (every partition its "
+          "own ring: results reproducible bit for bit from run to run); every daemon of a job "
+          "must agree");
 ABSL_FLAG(std::string, allowed_uids, "",
           "comma-separated uids allowed to connect (empty with --allowed_gids empty: the "
           "daemon's own uid, plus root)");
@@ -207,6 +213,17 @@ absl::StatusOr<EngineOptions> OptionsFromFlags() {
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--reduce: '", reduce, "' (expected sum or mean)"));
+  }
+  const std::string fusion = absl::GetFlag(FLAGS_allreduce_fusion);
+  if (fusion == "pace") {
+    o.allreduce_fusion = EngineOptions::Fusion::kPace;
+  } else if (fusion == "greedy") {
+    o.allreduce_fusion = EngineOptions::Fusion::kGreedy;
+  } else if (fusion == "off") {
+    o.allreduce_fusion = EngineOptions::Fusion::kOff;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--allreduce_fusion: '", fusion, "' (expected pace, greedy or off)"));
   }
   auto uids = ParseIds<uid_t>("allowed_uids", absl::GetFlag(FLAGS_allowed_uids));
   if (!uids.ok()) return uids.status();

@@ -31,6 +31,8 @@
     "peer frames refused: they did not fit their job (tensor, dtype, range or round)") \
   X(rounds_reduced, Counter, "gradlane_rounds_reduced_total", "", \
     "shard rounds reduced (all W contributions of a partition summed)") \
+  X(fusion_buckets, Counter, "gradlane_fusion_buckets_total", "", \
+    "all-reduce ring buckets that small tensors were fused into (per job, once its plan applied)") \
   X(rounds_folded, Counter, "gradlane_rounds_folded_total", "", \
     "shard rounds whose last contribution was reduced packet by packet as it arrived " \
     "(kernel-bypass transports), of rounds_reduced") \

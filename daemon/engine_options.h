@@ -22,6 +22,15 @@ struct EngineOptions {
   uint64_t partition_bytes = 0;  // 0: each policy's default
   uint64_t credit_bytes = 0;     // 0: each policy's default
   ps::ReduceOp reduce = ps::ReduceOp::kSum;
+  // All-reduce jobs: fuse small tensors into ring buckets by PACE's balanced fusion, decided
+  // once by rank 0 from what it measured (daemon/ring_role.h). Every rank must agree (it is in
+  // the job's fingerprint).
+  enum class Fusion : uint8_t {
+    kOff,     // every partition its own ring
+    kPace,    // PACE's balanced fusion from the measured costs (the default)
+    kGreedy,  // every run of small tensors fused up to one partition (a fusion buffer)
+  };
+  Fusion allreduce_fusion = Fusion::kPace;
   // bytescheduler only: tune the credit window online with the BO tuner (ByteScheduler §4.3).
   // The partition size stays fixed: changing it would change keys and shards on every rank.
   bool autotune = false;

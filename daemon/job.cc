@@ -59,11 +59,14 @@ uint64_t WireJobId(const std::string& job_id) {
 
 uint64_t Fingerprint(const std::vector<TensorInfo>& tensors, uint32_t world_size,
                      const std::string& policy, uint64_t partition_bytes, ps::ReduceOp reduce,
-                     gl_job_mode mode) {
+                     gl_job_mode mode, uint8_t fusion) {
   uint64_t h = kFnvOffset;
   MixValue(h, world_size);
   // Mixed in only when not ps, so a ps job's fingerprint is what it was before modes existed.
-  if (mode != GL_MODE_PS) MixValue(h, static_cast<uint32_t>(mode) | 0x4D4F0000u);
+  if (mode != GL_MODE_PS) {
+    MixValue(h, static_cast<uint32_t>(mode) | 0x4D4F0000u);
+    MixValue(h, fusion);
+  }
   MixValue(h, partition_bytes);
   Mix(h, policy.data(), policy.size() + 0);
   MixValue(h, static_cast<uint8_t>(0xFF));  // separator: "ab"+"c" != "a"+"bc"
@@ -110,13 +113,15 @@ JobError BuildShardPlan(const std::vector<ps::KeyBytes>& keys, JobPlan* plan) {
 }  // namespace
 
 JobError BuildJobPlan(const Session& session, const std::string& default_policy,
-                      uint64_t partition_bytes, ps::ReduceOp reduce, JobPlan* plan) {
+                      uint64_t partition_bytes, ps::ReduceOp reduce, uint8_t fusion,
+                      JobPlan* plan) {
   const JobInfo* info = session.job_st();
   if (info == nullptr) return {GL_E_NO_JOB, "no job registered in this session"};
   plan->info = *info;
   plan->wire_id = WireJobId(info->job_id);
   plan->policy_name = info->policy.empty() ? default_policy : info->policy;
   plan->mode = info->mode;
+  plan->fusion = info->mode == GL_MODE_ALLREDUCE && info->world_size > 1 ? fusion : 0;
   plan->reduce = reduce;
   const std::string& id = info->job_id;
   if (info->world_size > ps::kMaxWorldSize) {
@@ -144,6 +149,11 @@ JobError BuildJobPlan(const Session& session, const std::string& default_policy,
   std::vector<ps::KeyBytes> keys;
   plan->tensors.clear();
   plan->parts.clear();
+  if (plan->fusion) {
+    // Fusion appends at most one virtual tensor and partition per two client tensors; reserved
+    // now so that appending never moves what references point at.
+    plan->tensors.reserve(tensors.size() + tensors.size() / 2 + 1);
+  }
   plan->total_bytes = 0;
   for (const TensorInfo& t : tensors) {
     JobTensor jt;
@@ -185,8 +195,11 @@ JobError BuildJobPlan(const Session& session, const std::string& default_policy,
   } else {
     if (JobError e = BuildShardPlan(keys, plan); e.status != GL_OK) return e;
   }
-  plan->fingerprint =
-      Fingerprint(tensors, plan->world, plan->policy_name, partition_bytes, reduce, plan->mode);
+  plan->client_tensors = static_cast<uint32_t>(plan->tensors.size());
+  plan->client_parts = static_cast<uint32_t>(plan->parts.size());
+  if (plan->fusion) plan->parts.reserve(plan->parts.size() + plan->tensors.size() / 2 + 1);
+  plan->fingerprint = Fingerprint(tensors, plan->world, plan->policy_name, partition_bytes, reduce,
+                                  plan->mode, plan->fusion);
   plan->manifest = ManifestBody{kManifestMagic,
                                 plan->fingerprint,
                                 static_cast<uint32_t>(tensors.size()),

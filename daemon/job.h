@@ -52,6 +52,8 @@ inline constexpr sched::SegmentKey kManifestKey = sched::MakeKey(kManifestTensor
 // peers then take the coming connection loss as a departure, not a crash.
 inline constexpr sched::SegmentKey kLeaveKey = sched::MakeKey(kManifestTensorId, 1);
 inline constexpr uint64_t kLeaveBytes = 8;
+// All-reduce with fusion: rank 0's fusion plan, passed round the ring (daemon/ring_role.h).
+inline constexpr sched::SegmentKey kFusionPlanKey = sched::MakeKey(kManifestTensorId, 2);
 inline constexpr uint64_t kManifestMagic = 0x54534E414D4C47ull;  // "GLMANST"
 
 struct ManifestBody {
@@ -165,7 +167,14 @@ struct JobPlan {
   uint16_t world = 1;
   std::string policy_name;
   gl_job_mode mode = GL_MODE_PS;
+  // All-reduce: how small tensors may be fused into ring buckets (EngineOptions::Fusion as a
+  // number; 0: never).
+  uint8_t fusion = 0;
   ps::ReduceOp reduce = ps::ReduceOp::kSum;
+  // The tensors and partitions the client registered; an all-reduce job's fusion appends one
+  // virtual tensor with one partition per bucket after them (daemon/ring_role.h).
+  uint32_t client_tensors = 0;
+  uint32_t client_parts = 0;
   std::vector<JobTensor> tensors;
   std::vector<Part> parts;
   std::vector<OwnedPart> owned;  // ps: partitions this rank's shard owns, in part order
@@ -187,7 +196,7 @@ struct JobPlan {
 // the configured partition size, the reduce op).
 uint64_t Fingerprint(const std::vector<TensorInfo>& tensors, uint32_t world_size,
                      const std::string& policy, uint64_t partition_bytes, ps::ReduceOp reduce,
-                     gl_job_mode mode = GL_MODE_PS);
+                     gl_job_mode mode = GL_MODE_PS, uint8_t fusion = 0);
 const char* ModeName(gl_job_mode mode);
 
 // Validates what the client registered and builds the frozen tensors, parts, shard map and the
@@ -196,8 +205,9 @@ struct JobError {
   gl_status status = GL_OK;
   std::string message;
 };
+// `fusion`: how an all-reduce job fuses small tensors (EngineOptions::Fusion as a number).
 JobError BuildJobPlan(const Session& session, const std::string& default_policy,
-                      uint64_t partition_bytes, ps::ReduceOp reduce, JobPlan* plan);
+                      uint64_t partition_bytes, ps::ReduceOp reduce, uint8_t fusion, JobPlan* plan);
 
 }  // namespace gradlane::daemon
 

@@ -82,7 +82,7 @@ JobRuntime::~JobRuntime() {
 JobError JobRuntime::Plan_st(const Session& session) {
   const EngineOptions& options = host_.options();
   return BuildJobPlan(session, options.default_policy, options.partition_bytes, options.reduce,
-                      &plan_);
+                      static_cast<uint8_t>(options.allreduce_fusion), &plan_);
 }
 
 JobError JobRuntime::SetUp_st(Session& session, TimeNs now) {
@@ -344,6 +344,20 @@ bool JobRuntime::End_st(TimeNs now) {
   return leave_acks_pending_ == 0 || now >= drain_deadline_;
 }
 
+absl::Status JobRuntime::SendControl_st(uint16_t rank, sched::SegmentKey key,
+                                        transport::RegionId region, uint64_t length) {
+  if (rank >= peers_.size() || peers_[rank].out == transport::kNoPeer) {
+    return absl::UnavailableError(absl::StrCat("no connection to rank ", rank));
+  }
+  transport::SendSpec spec;
+  spec.key = key;
+  spec.length = length;
+  spec.region = region;
+  // Acknowledged like the manifest: nothing to account.
+  spec.cookie = Cookie(kCookieManifest, kNoDispatch);
+  return host_.transport_st().PostSend_st(peers_[rank].out, spec);
+}
+
 // ------------------------------------------------------------------- transport events ----
 
 void JobRuntime::OnOutboundUp_st(uint16_t rank) {
@@ -483,6 +497,11 @@ RecvTarget JobRuntime::ResolveRecv_st(const transport::PeerInfo& peer,
     if (h.length != kLeaveBytes || !peers_[r].manifest_ok) return reject();
     return RecvTarget::Into(manifest_in_region_, uint64_t{r} * kManifestBytes, cookie);
   }
+  if (h.key == kFusionPlanKey) {
+    if (!allreduce() || !peers_[r].manifest_ok) return reject();
+    const RecvTarget target = ring_.ResolvePlan_st(static_cast<uint16_t>(r), h.length, cookie);
+    return target.accept ? target : reject();
+  }
   if (tid == kManifestTensorId) {
     if (h.key != kManifestKey || h.length != kManifestBytes || peers_[r].manifest_ok) {
       return reject();
@@ -521,6 +540,10 @@ void JobRuntime::OnRecvDone_st(const transport::PeerInfo& peer, const transport:
   host_.counters_st().segments_received.Add_st(1);
   if (h.key == kLeaveKey) {
     OnLeave_st(static_cast<uint16_t>(r));
+    return;
+  }
+  if (h.key == kFusionPlanKey) {
+    ring_.OnPlanArrived_st(h.length, now);
     return;
   }
   if (sched::KeyTensor(h.key) == kManifestTensorId) {
@@ -633,9 +656,9 @@ void JobRuntime::FillSnapshot_st(JobSnapshot& js, bool client_present) {
     js.phase = "active";
   }
   js.fail_reason = fail_reason_;
-  js.tensors = static_cast<uint32_t>(plan_.tensors.size());
+  js.tensors = plan_.client_tensors;
   js.total_bytes = plan_.total_bytes;
-  js.partitions = static_cast<uint32_t>(plan_.parts.size());
+  js.partitions = plan_.client_parts;
   // The plan's table until set-up hands it to the shard (a job that failed before has none).
   js.owned_partitions = static_cast<uint32_t>(std::max(shard_.owned().size(), plan_.owned.size()));
   js.posts_pending = worker_.posts_pending();

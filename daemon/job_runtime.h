@@ -144,6 +144,18 @@ class JobRuntime {
   // A byte range became ready to send (a push from the worker, a pull response from the shard).
   void Ready_st(const sched::ReadyRange& range, sched::TimeNs now);
 
+  // A virtual tensor (an all-reduce bucket) the policy must know before its ranges arrive.
+  void RegisterWithPolicy_st(const sched::TensorSpec& spec) {
+    if (policy_ != nullptr) policy_->RegisterTensor(spec);
+  }
+  // A control frame (not scheduled, not counted as data) on the connection to `rank`.
+  // ResourceExhausted: its send queue is full, try again later.
+  absl::Status SendControl_st(uint16_t rank, sched::SegmentKey key, transport::RegionId region,
+                              uint64_t length);
+  const sched::BandwidthEstimator& estimator() const { return estimator_; }
+  // The per-message cost θ the job's policy plans with.
+  sched::TimeNs per_message_ns() const { return policy_config_.per_message_overhead_ns; }
+
   // Fills the operator's view of the job (telemetry snapshot).
   void FillSnapshot_st(JobSnapshot& js, bool client_present);
 

@@ -23,6 +23,7 @@ int JobRuntime::RunPolicy_st(TimeNs now) {
   if (failed_ || policy_ == nullptr) return 0;
   if (!all_up_ && plan_.world > 1) return 0;  // nothing goes before every peer is up
   int work = 0;
+  if (allreduce()) ring_.FlushPlan_st(now);
   if (blocked_dispatch_ != kNoDispatch) {
     const uint32_t d = blocked_dispatch_;
     const size_t from = blocked_next_;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/job_runtime.h"
 #include "daemon/ps/aggregator.h"
+#include "daemon/session_server.h"
 
 namespace gradlane::daemon {
 
@@ -21,6 +22,7 @@ absl::Status RingRole::SetUp_st() {
   slots_.assign(plan.parts.size() * steps, Slot{});
   gathered_.assign(plan.parts.size() * steps, Gathered{});
   staging_bytes_ = world_ > 1 ? plan.staging_bytes : 0;
+  if (absl::Status s = SetUpFusion_st(); !s.ok()) return s;
   if (staging_bytes_ == 0) return absl::OkStatus();
   staging_.reset(new (std::nothrow) std::byte[staging_bytes_]);
   if (staging_ == nullptr) {
@@ -34,10 +36,11 @@ absl::Status RingRole::SetUp_st() {
 }
 
 void RingRole::Release_st() {
-  if (staging_region_ != transport::kNoRegion) {
-    (void)job_.host().transport_st().UnregisterRegion_st(staging_region_);
+  for (transport::RegionId* r :
+       {&staging_region_, &bucket_region_, &plan_out_region_, &plan_in_region_}) {
+    if (*r != transport::kNoRegion) (void)job_.host().transport_st().UnregisterRegion_st(*r);
+    *r = transport::kNoRegion;
   }
-  staging_region_ = transport::kNoRegion;
 }
 
 uint32_t RingRole::Left() const { return (rank_ + world_ - 1) % world_; }
@@ -69,13 +72,48 @@ uint32_t RingRole::ReceivedAtStep(uint32_t s) const {
   return (rank_ + 2 * world_ - 1 - s) % world_;
 }
 
+const RingRole::Bucket* RingRole::BucketOfPart(uint32_t part_index) const {
+  const uint32_t client_parts = job_.plan().client_parts;
+  return part_index < client_parts ? nullptr : &buckets_[part_index - client_parts];
+}
+
 std::byte* RingRole::Staging(uint32_t part_index, uint64_t offset_in_part) const {
+  if (const Bucket* bk = BucketOfPart(part_index)) {
+    return bucket_mem_.get() + bk->staging_offset + offset_in_part;
+  }
   return staging_.get() + job_.plan().staging_offset[part_index] + offset_in_part;
 }
 
+void RingRole::StagingTarget(uint32_t part_index, uint64_t offset_in_part,
+                             transport::RegionId* region, uint64_t* region_offset) const {
+  if (const Bucket* bk = BucketOfPart(part_index)) {
+    *region = bucket_region_;
+    *region_offset = bk->staging_offset + offset_in_part;
+    return;
+  }
+  *region = staging_region_;
+  *region_offset = job_.plan().staging_offset[part_index] + offset_in_part;
+}
+
 std::byte* RingRole::Client(const Part& p, uint64_t offset_in_part) const {
+  const uint32_t part_index = static_cast<uint32_t>(&p - job_.plan().parts.data());
+  if (const Bucket* bk = BucketOfPart(part_index)) {
+    return bucket_mem_.get() + bk->gather_offset + offset_in_part;
+  }
   const JobTensor& t = job_.plan().tensors[p.tensor];
   return reinterpret_cast<std::byte*>(job_.arena() + t.arena_offset + p.offset + offset_in_part);
+}
+
+void RingRole::ClientTarget(const Part& p, uint64_t offset_in_part, transport::RegionId* region,
+                            uint64_t* region_offset) const {
+  const uint32_t part_index = static_cast<uint32_t>(&p - job_.plan().parts.data());
+  if (const Bucket* bk = BucketOfPart(part_index)) {
+    *region = bucket_region_;
+    *region_offset = bk->gather_offset + offset_in_part;
+    return;
+  }
+  *region = job_.arena_region();
+  *region_offset = job_.plan().tensors[p.tensor].arena_offset + p.offset + offset_in_part;
 }
 
 void RingRole::OnPosted_st(uint32_t part_index, sched::Priority priority, TimeNs now) {
@@ -89,6 +127,27 @@ void RingRole::OnPosted_st(uint32_t part_index, sched::Priority priority, TimeNs
     return;
   }
   if (p.posted < p.length || rp.started == p.iteration) return;
+  Observe_st(p, now);
+  if (fusion_ == FusionState::kWaiting && p.iteration >= FusionIteration()) {
+    // From this iteration on the tensors may go fused: rank 0 decides now, the others wait for
+    // its plan, which reaches them ahead of any data of this iteration.
+    if (rank_ == 0) DecideFusion_st(now);
+    if (fusion_ == FusionState::kWaiting || plan_send_pending_) {
+      Hold(part_index, priority);
+      return;
+    }
+  }
+  if (bucket_of_tensor_.size() > p.tensor && bucket_of_tensor_[p.tensor] >= 0) {
+    MemberPosted_st(part_index, priority, now);
+    return;
+  }
+  StartRound_st(part_index, priority, now);
+}
+
+void RingRole::StartRound_st(uint32_t part_index, sched::Priority priority, TimeNs now) {
+  Part& p = job_.plan().parts[part_index];
+  RingPart& rp = parts_[part_index];
+  if (rp.started == p.iteration) return;
   rp.started = p.iteration;
   rp.finals = 0;
   rp.complete = false;
@@ -193,7 +252,10 @@ RecvTarget RingRole::Resolve_st(uint16_t from, Part& p, const transport::FrameHe
     }
     if (slot.reduced || slot.reserved + h.length > e - b) return RecvTarget::Reject();
     slot.reserved += h.length;
-    return RecvTarget::Into(staging_region_, job_.plan().staging_offset[part_index] + off, cookie);
+    transport::RegionId region;
+    uint64_t region_offset;
+    StagingTarget(part_index, off, &region, &region_offset);
+    return RecvTarget::Into(region, region_offset, cookie);
   }
   // All-gather: only for the round this rank runs (its share is in every final chunk).
   const uint32_t t = (rank_ + world_ - c) % world_;
@@ -204,8 +266,10 @@ RecvTarget RingRole::Resolve_st(uint16_t from, Part& p, const transport::FrameHe
   Gathered& g = GatheredOf(part_index, t);
   if (g.reserved + h.length > e - b) return RecvTarget::Reject();
   g.reserved += h.length;
-  const JobTensor& tensor = job_.plan().tensors[p.tensor];
-  return RecvTarget::Into(job_.arena_region(), tensor.arena_offset + h.offset, cookie);
+  transport::RegionId region;
+  uint64_t region_offset;
+  ClientTarget(p, off, &region, &region_offset);
+  return RecvTarget::Into(region, region_offset, cookie);
 }
 
 void RingRole::OnPlaced_st(Part& p, const transport::FrameHeader& h, TimeNs now) {
@@ -238,12 +302,10 @@ void RingRole::SendSource(const Part& p, const sched::Segment& seg, transport::R
   const uint32_t part_index = static_cast<uint32_t>(&p - job_.plan().parts.data());
   const uint64_t off = seg.offset - p.offset;
   if (seg.direction == sched::Direction::kPush && ChunkOf(p, off) != rank_) {
-    *region = staging_region_;
-    *region_offset = job_.plan().staging_offset[part_index] + off;
+    StagingTarget(part_index, off, region, region_offset);
     return;
   }
-  *region = job_.arena_region();
-  *region_offset = job_.plan().tensors[p.tensor].arena_offset + seg.offset;
+  ClientTarget(p, off, region, region_offset);
 }
 
 void RingRole::OnSendAcked_st(Part& p, uint64_t bytes) {
@@ -262,7 +324,12 @@ void RingRole::MaybeComplete_st(uint32_t part_index) {
   }
   rp.complete = true;
   ++rounds_completed_;
+  last_completion_ = SessionServer::MonotonicNow();
   job_.host().counters_st().rounds_reduced.Add_st(1);
+  if (BucketOfPart(part_index) != nullptr) {
+    BucketComplete_st(part_index);
+    return;
+  }
   p.result_reserved = p.length;
   p.result_got = p.length;
   job_.worker().PartResultReady_st(part_index);
@@ -287,6 +354,8 @@ bool RingRole::MissingFromLeft(int64_t* round) const {
     const Part& p = plan.parts[i];
     const RingPart& rp = parts_[i];
     if (p.iteration < 0 || p.posted == 0 || (rp.started == p.iteration && rp.complete)) continue;
+    // A fused tensor's bytes come through its bucket's partition.
+    if (bucket_of_tensor_.size() > p.tensor && bucket_of_tensor_[p.tensor] >= 0) continue;
     *round = p.iteration;
     if (p.posted < p.length) return true;
     for (uint32_t s = 0; s + 1 < world_; ++s) {

@@ -26,14 +26,36 @@
 // result completes the client's post only once every send this rank made from its buffer was
 // acknowledged, so the client never overwrites bytes still on their way out.
 //
+// Fusion (PACE §V, daemon/ring_fusion.cc; --allreduce_fusion=pace): a ring step costs a message
+// on every link, so a tensor of a few bytes pays 2(W-1) per-message costs for nothing. From the
+// job's third iteration on, small tensors may travel fused: rank 0 measures the ready time of
+// every tensor (iteration 2), the forward pass's length (the gap between the last result and the
+// next post) and the link (the job's bandwidth and RTT estimate, plus the per-message cost θ),
+// models an all-reduce of S bytes as g(S) = 2(W-1)(θ + rtt/2) + 2(W-1)/W · S/B, and runs PACE's
+// balanced fusion (sched/fusion.h: the max-min DP along the ready-order chain, each candidate
+// scored by Horn's rule) over each run of consecutive single-partition tensors of one dtype.
+// The tail L_i the scoring needs is the forward time still to run when tensor i is needed,
+// taken as the measured forward length times the share of tensors after i in priority order.
+// Rank 0 sends the plan to its right neighbour, which applies it and passes it on before it
+// sends any data of that iteration; every rank holds that iteration's posts until the plan is
+// there, so all ranks switch at the same iteration. A bucket is a virtual tensor with one
+// partition after the client's: its members are gathered into a daemon buffer when the last
+// one is posted, the bucket runs the ring like any partition, and the result is scattered back
+// to the members. The plan depends on measured times, so two runs may fuse differently and
+// their results differ in the last bits (within a run every rank still has the same bytes):
+// --allreduce_fusion=off keeps results reproducible from run to run.
+//
 // Ownership: part of one JobRuntime; owns the staging area and the per-partition ring state.
-// Thread rules: engine thread only; nothing allocates after SetUp_st.
+// Thread rules: engine thread only; nothing allocates after SetUp_st except applying the fusion
+// plan, once per job (control path).
 #ifndef GRADLANE_DAEMON_RING_ROLE_H_
 #define GRADLANE_DAEMON_RING_ROLE_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -56,8 +78,20 @@ class RingRole {
   void Release_st();
 
   // The client posted part of partition `part_index` for its current iteration (WorkerRole
-  // validated and counted it). Once the whole partition is posted its ring round starts.
+  // validated and counted it). Once the whole partition is posted its ring round starts (or its
+  // bucket's, once every member is posted; or it waits for the fusion plan).
   void OnPosted_st(uint32_t part_index, sched::Priority priority, sched::TimeNs now);
+
+  // ---- fusion (daemon/ring_fusion.cc) ----
+  // Where the fusion plan from rank `from` lands; Reject() unless it is the left neighbour's
+  // first plan of a job that fuses.
+  transport::RecvTarget ResolvePlan_st(uint16_t from, uint64_t length, uint64_t cookie);
+  // The plan arrived: checks and applies it, passes it on, releases the held posts.
+  void OnPlanArrived_st(uint64_t length, sched::TimeNs now);
+  // Sends the plan if the right neighbour's queue was full when it was first tried.
+  void FlushPlan_st(sched::TimeNs now);
+  // Buckets of the plan in force (0 before it, or when nothing was worth fusing).
+  size_t buckets() const { return buckets_.size(); }
   // Where a ring frame from rank `from` lands; Reject() when it is not one this rank expects
   // (not from the left neighbour, a chunk that step never carries, a stale or far-ahead
   // iteration, more bytes than the chunk holds).
@@ -99,6 +133,32 @@ class RingRole {
     uint64_t sends_pending = 0;  // bytes sent from this partition not yet acknowledged
     sched::Priority priority = 0;
   };
+  // A fused bucket: a virtual tensor (id plan.client_tensors + b) with one partition.
+  struct Bucket {
+    uint32_t part = 0;                    // its partition in JobPlan::parts
+    std::vector<uint32_t> members;        // client tensor ids, in the plan's order
+    std::vector<uint64_t> member_offset;  // where each member lies in the bucket
+    uint64_t bytes = 0;
+    uint64_t gather_offset = 0;   // in bucket_mem_: the members' values, then the result
+    uint64_t staging_offset = 0;  // in bucket_mem_: reduce-scatter staging
+    int64_t iteration = -1;       // the iteration being gathered
+    uint32_t posted = 0;          // members wholly posted for it
+    sched::Priority priority = 0;
+  };
+  enum class FusionState : uint8_t { kOff, kWaiting, kApplied };
+  // Plan frame: this header, `buckets` member counts, then the member tensor ids (u32 each).
+  struct PlanHeader {
+    uint64_t magic;
+    int64_t iteration;  // the first iteration that runs fused
+    uint32_t buckets;
+    uint32_t members;
+  };
+  static_assert(sizeof(PlanHeader) == 24 && offsetof(PlanHeader, buckets) == 16);
+  static constexpr uint64_t kPlanMagic = 0x4E414C504E5546ull;  // "FUNPLAN"
+  // The iteration (after the job's first) from which tensors may go fused: the one before it
+  // is the first whose ready times are not those of a cold start.
+  static constexpr int64_t kFusionAfterIterations = 2;
+
   // Reduce-scatter step s of a partition: the chunk the left neighbour sent, in staging.
   // `reserved` counts bytes of frames resolved into it, `placed` bytes that landed: a backend
   // that hands packets over resolves a frame at its first packet and places the rest later.
@@ -131,13 +191,39 @@ class RingRole {
   Gathered& GatheredOf(uint32_t part_index, uint32_t step) {
     return gathered_[size_t{part_index} * (world_ - 1) + step];
   }
+  // The bucket a partition is (null for the client's partitions).
+  const Bucket* BucketOfPart(uint32_t part_index) const;
+  // A partition's staging area and its "client" bytes (the client's buffer, or for a bucket the
+  // gather buffer), as pointers and as transport targets.
   std::byte* Staging(uint32_t part_index, uint64_t offset_in_part) const;
+  void StagingTarget(uint32_t part_index, uint64_t offset_in_part, transport::RegionId* region,
+                     uint64_t* region_offset) const;
   std::byte* Client(const Part& p, uint64_t offset_in_part) const;
+  void ClientTarget(const Part& p, uint64_t offset_in_part, transport::RegionId* region,
+                    uint64_t* region_offset) const;
+  void StartRound_st(uint32_t part_index, sched::Priority priority, sched::TimeNs now);
   // Reduces every staged chunk of the current round that is complete, sends what follows.
   void Advance_st(uint32_t part_index, sched::TimeNs now);
   // Hands chunk `c` of the part to the policy towards the right neighbour.
   void Send_st(uint32_t part_index, uint32_t c, sched::Direction direction, sched::TimeNs now);
   void MaybeComplete_st(uint32_t part_index);
+
+  // Fusion (daemon/ring_fusion.cc).
+  absl::Status SetUpFusion_st();
+  int64_t FusionIteration() const { return first_iteration_ + kFusionAfterIterations; }
+  // Ready times of the client's tensors, per iteration (rank 0's input to the plan).
+  void Observe_st(const Part& p, sched::TimeNs now);
+  void Hold(uint32_t part_index, sched::Priority priority);
+  // Rank 0: plans the buckets from what it measured, applies and sends the plan.
+  void DecideFusion_st(sched::TimeNs now);
+  std::vector<std::vector<uint32_t>> PlanBuckets() const;
+  // Checks `buckets` and makes them the job's; an error message when they do not fit.
+  std::string ApplyPlan_st(const std::vector<std::vector<uint32_t>>& buckets);
+  void SendPlan_st(sched::TimeNs now);
+  void ReleaseHeld_st(sched::TimeNs now);
+  void MemberPosted_st(uint32_t part_index, sched::Priority priority, sched::TimeNs now);
+  // The bucket's result is in its gather buffer: scattered to the members, their posts told.
+  void BucketComplete_st(uint32_t part_index);
 
   JobRuntime& job_;
   uint32_t world_ = 1;
@@ -149,6 +235,28 @@ class RingRole {
   uint64_t staging_bytes_ = 0;
   transport::RegionId staging_region_ = transport::kNoRegion;
   uint64_t rounds_completed_ = 0;
+  sched::TimeNs last_completion_ = 0;
+
+  // Fusion.
+  FusionState fusion_ = FusionState::kOff;
+  int64_t first_iteration_ = -1;
+  std::vector<std::pair<uint32_t, sched::Priority>> held_;  // posted parts waiting for the plan
+  std::vector<uint8_t> plan_out_, plan_in_;
+  uint64_t plan_out_bytes_ = 0;
+  transport::RegionId plan_out_region_ = transport::kNoRegion;
+  transport::RegionId plan_in_region_ = transport::kNoRegion;
+  bool plan_send_pending_ = false;
+  bool plan_arrived_ = false;
+  std::vector<Bucket> buckets_;
+  std::vector<int32_t> bucket_of_tensor_;  // per client tensor: its bucket, or -1
+  std::unique_ptr<std::byte[]> bucket_mem_;
+  transport::RegionId bucket_region_ = transport::kNoRegion;
+  // Measurements: the current iteration's ready offsets (from its first whole partition) and
+  // the previous iteration's, and the gap from the last result to the next iteration's start.
+  int64_t measured_iteration_ = -1;
+  sched::TimeNs iteration_start_ = 0;
+  std::vector<sched::TimeNs> ready_offset_, prev_ready_offset_;
+  sched::TimeNs forward_gap_ = 0;
 };
 
 }  // namespace gradlane::daemon

@@ -18,7 +18,7 @@ void WorkerRole::OnPost_st(const PostDescriptor& post, TimeNs now) {
     return;
   }
   JobPlan& plan = job_.plan();
-  if (post.tensor_id >= plan.tensors.size()) {
+  if (post.tensor_id >= plan.client_tensors) {
     // Registered after the job's first post: the shard map is frozen without it.
     host.CompletePost_st(post, GL_E_BAD_TENSOR);
     return;

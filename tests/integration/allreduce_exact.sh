@@ -4,7 +4,10 @@
 # tensors of every dtype with awkward sizes, posted whole and in byte ranges, and every rank's
 # result must equal, bit for bit, the ring's fixed order (gradlane-check --mode=allreduce); then
 # the mean; then the faults: a rank killed mid-iteration fails every survivor with an error
-# completion (no hang), a wrong token is refused, and a new job on the same daemons works.
+# completion (no hang), a wrong token is refused, and a new job on the same daemons works. The
+# daemons run --allreduce_fusion=off for those (the checker's reference follows each partition's
+# chunks); then with fusion (greedy, which always fuses, and pace) on whole-number values, whose
+# sums are exact in any order: every rank must get the exact sum, and the daemons must have fused.
 #   allreduce_exact.sh GRADLANED GRADLANE-CHECK
 #   env: IT_ITERATIONS (20), IT_POLICIES ("fifo p3 bytescheduler prophet gradlane"),
 #        GL_TRANSPORT (tcp; dpdk runs the same over the DPDK transport with injected loss)
@@ -24,7 +27,7 @@ sizes=--sizes=1,2,3,5,1023,16385,50001,123457
 
 gl_env_init 4
 for i in 0 1 2 3; do
-  gl_daemon_start "$i" --reduce=sum --peer_timeout=3s --connect_timeout=4s --partition_bytes=$part "${fault[@]}"
+  gl_daemon_start "$i" --reduce=sum --peer_timeout=3s --connect_timeout=4s --partition_bytes=$part --allreduce_fusion=off "${fault[@]}"
 done
 seed=500
 for W in 2 3 4; do
@@ -81,11 +84,34 @@ for i in 0 1 2 3; do
   fi
 done
 for i in 0 1 2; do
-  gl_daemon_start "$i" --reduce=mean --peer_timeout=3s --connect_timeout=4s --partition_bytes=$part "${fault[@]}"
+  gl_daemon_start "$i" --reduce=mean --peer_timeout=3s --connect_timeout=4s --partition_bytes=$part --allreduce_fusion=off "${fault[@]}"
 done
 it_job_start ar-mean bytescheduler 5 14 -- --quiet --mode=allreduce --reduce=mean \
   --ring_partition_bytes=$part "$sizes"
 it_job_wait ar-mean 60 || it_fail "--reduce=mean all-reduce: a rank failed (above)"
 echo "all-reduce reduce=mean: bit-exact"
 for i in 0 1 2; do gl_daemon_stop "$i" || it_fail "daemon $i: exit status $? after SIGTERM (want 0)"; done
+
+# Fused: small tensors go in ring buckets from the third iteration on.
+for fusion in greedy pace; do
+  for i in 0 1 2 3; do
+    gl_daemon_start "$i" --peer_timeout=3s --connect_timeout=4s --partition_bytes=$part \
+      --allreduce_fusion=$fusion "${fault[@]}"
+  done
+  for W in 3 4; do
+    GL_W=$W
+    for policy in p3 bytescheduler gradlane; do
+      seed=$((seed + 1))
+      it_job_start "fused-$fusion$W-$policy" "$policy" "$iters" "$seed" -- --quiet --mode=allreduce \
+        --values=integer "$sizes"
+      it_job_wait "fused-$fusion$W-$policy" 150 || it_fail "fusion $fusion W=$W policy $policy: a rank failed (above)"
+    done
+  done
+  for i in 0 1 2 3; do
+    gl_daemon_stop "$i" || it_fail "daemon $i: exit status $? after SIGTERM (want 0)"
+    buckets=$(grep -o 'go fused in [0-9]* ring buckets' "$GL_TMP/daemon$i.err" | awk '{ s += $4 } END { print s + 0 }')
+    [[ $fusion != greedy ]] || ((buckets > 0)) || it_fail "daemon $i: greedy fusion made no bucket"
+    echo "fusion $fusion, daemon $i: $buckets buckets over its jobs, every result exact"
+  done
+done
 echo "PASS allreduce_exact ($GL_MODE, ${GL_TRANSPORT:-tcp})"

@@ -21,6 +21,8 @@
 //                partition (--ring_partition_bytes, the daemons' partition size) is summed
 //                x_c, x_{c+1}, ..., x_{c+W-1}, every partial sum rounded to the dtype, the mean
 //                dividing the last one
+//      --values=integer: small whole numbers, whose sums are exact in any order (for fused
+//                all-reduce, whose bucket layout the daemons decide)
 //      a NaN result is the canonical quiet NaN (f32 0x7fc00000, f16 0x7e00, bf16 0x7fc0)
 //    The 16-bit conversions are written here independently of the daemon's (daemon/ps/half.h).
 //
@@ -284,6 +286,15 @@ inline uint32_t Narrow(gl_dtype dt, float f) {
   return 0;
 }
 
+// --values=integer: small whole numbers instead of ElementBits' values, so that every order of
+// the additions gives the same exact sum (an all-reduce job whose fusion the checker cannot
+// know); specials stay off.
+bool g_integer_values = false;
+inline uint32_t ContributionBits(gl_dtype dt, uint64_t r, bool special) {
+  if (g_integer_values) return Narrow(dt, static_cast<float>(static_cast<int>(r % 17) - 8));
+  return ElementBits(dt, r, special);
+}
+
 uint64_t ElemBytes(gl_dtype dt) { return dt == GL_DTYPE_F32 ? 4 : 2; }
 const char* DtypeName(gl_dtype dt) {
   return dt == GL_DTYPE_F32 ? "f32" : dt == GL_DTYPE_F16 ? "f16" : "bf16";
@@ -361,7 +372,7 @@ void Usage() {
                "         [--peers=h:p,h:p,...] [--policy=NAME] [--token=T] [--iterations=50]\n"
                "         [--seed=S] [--sizes=N,N,...(elements)] [--dtypes=f32,f16,bf16]\n"
                "         [--big_mb=M] [--reduce=sum|mean] [--timeout_ms=30000]\n"
-               "         [--mode=ps|allreduce --ring_partition_bytes=B]\n"
+               "         [--mode=ps|allreduce --ring_partition_bytes=B] [--values=random|integer]\n"
                "         [--stall_at=K] [--expect_failure] [--quiet] [--progress_file=PATH]\n");
 }
 
@@ -460,7 +471,7 @@ void FillT(std::byte* own, std::byte* expected, uint64_t elems, const uint64_t* 
     float acc = 0;
     for (uint32_t j = 0; j < W; ++j) {
       const uint32_t r = (first + j) % W;
-      const uint32_t bits = ElementBits(DT, Mix(base[r] + i), special);
+      const uint32_t bits = ContributionBits(DT, Mix(base[r] + i), special);
       if (r == rank) StoreBits(own, DT, i, bits);
       const float v = Widen(DT, bits);
       acc = j == 0 ? v : acc + v;
@@ -480,8 +491,9 @@ uint64_t Checker::Fill(size_t ti, int64_t iter) {
   for (uint32_t r = 0; r < W; ++r) base[r] = Hash(o_.seed, r, static_cast<uint64_t>(iter), ti);
   t.expected.resize(t.bytes);
   const uint64_t esize = t.dtype == GL_DTYPE_F32 ? 4 : 2;
-  const uint64_t ring_part_elems =
-      o_.job.mode == GL_MODE_ALLREDUCE ? std::max<uint64_t>(1, o_.ring_partition_bytes / esize) : 0;
+  const uint64_t ring_part_elems = o_.job.mode == GL_MODE_ALLREDUCE && !g_integer_values
+                                       ? std::max<uint64_t>(1, o_.ring_partition_bytes / esize)
+                                       : 0;
   switch (t.dtype) {
     case GL_DTYPE_F32:
       FillT<GL_DTYPE_F32>(t.buf, t.expected.data(), t.elems, base.data(), W, o_.job.rank, col_base,
@@ -587,7 +599,7 @@ int Checker::Verify(const gl_completion& c, std::vector<PendingPost>& posts) {
     const bool special =
         SpecialColumn(Hash(o_.seed, kNoRank, static_cast<uint64_t>(iter_), p.tensor), first);
     for (uint32_t r = 0; r < o_.job.world; ++r) {
-      const uint32_t bits = ElementBits(
+      const uint32_t bits = ContributionBits(
           t.dtype, Mix(Hash(o_.seed, r, static_cast<uint64_t>(iter_), p.tensor) + first), special);
       char b[48];
       std::snprintf(b, sizeof b, "%s0x%x(%g)", r ? " + " : "", bits,
@@ -762,8 +774,9 @@ int Checker::Run() {
 int main(int argc, char** argv) {
   Flags f;
   std::vector<std::string> known = gradlane::testing::JobFlagNames();
-  known.insert(known.end(), {"iterations", "seed", "sizes", "dtypes", "big_mb", "reduce",
-                             "stall_at", "linger_ms", "progress_file", "ring_partition_bytes"});
+  known.insert(known.end(),
+               {"iterations", "seed", "sizes", "dtypes", "big_mb", "reduce", "stall_at",
+                "linger_ms", "progress_file", "ring_partition_bytes", "values"});
   if (!f.Parse(argc, argv, known, {"expect_failure", "quiet", "self_test"})) {
     Usage();
     return 2;
@@ -794,7 +807,13 @@ int main(int argc, char** argv) {
   }
   o.mean = reduce == "mean";
   o.ring_partition_bytes = static_cast<uint64_t>(f.Int("ring_partition_bytes", 0, &ok));
-  if (o.job.mode == GL_MODE_ALLREDUCE && o.ring_partition_bytes == 0) {
+  const std::string values = f.Str("values", "random");
+  if (values != "random" && values != "integer") {
+    std::fprintf(stderr, "error: --values must be random or integer\n");
+    ok = false;
+  }
+  g_integer_values = values == "integer";
+  if (o.job.mode == GL_MODE_ALLREDUCE && o.ring_partition_bytes == 0 && !g_integer_values) {
     std::fprintf(stderr,
                  "error: --mode=allreduce needs --ring_partition_bytes (the reference "
                  "follows the ring's order within each partition)\n");

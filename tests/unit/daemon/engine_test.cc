@@ -196,10 +196,15 @@ uint64_t SplitMix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// A seed with this bit asks for small whole numbers instead: their sums are exact in every dtype
+// and every order, for tests whose chunking (fusion) the reference cannot know.
+constexpr uint64_t kIntegerValues = 1ull << 63;
+
 // A value whose magnitude varies over decades, so the order of additions shows in the bits.
 float Value(uint64_t seed, int rank, int64_t iter, size_t tensor, size_t i) {
   const uint64_t h =
       SplitMix(seed ^ SplitMix(rank * 1000003ull + iter * 7919ull + tensor * 131ull + i));
+  if ((seed & kIntegerValues) != 0) return static_cast<float>(static_cast<int>(h % 17) - 8);
   const double unit = static_cast<double>(h >> 11) / static_cast<double>(1ull << 53) * 2 - 1;
   const int exp = static_cast<int>((h >> 3) % 12) - 6;
   return static_cast<float>(unit * std::ldexp(1.0, exp));
@@ -376,7 +381,7 @@ class RankClient {
     return gl_post(c_, ids_[ti], iter, offset, length, ti);
   }
   bool ResultIsExact(const JobSpec& job, int64_t iter, size_t ti, bool mean) const {
-    const auto want = job.mode == GL_MODE_ALLREDUCE
+    const auto want = job.mode == GL_MODE_ALLREDUCE && (job.seed & kIntegerValues) == 0
                           ? RingReference(job, iter, ti, mean)
                           : Reference(job.tensors[ti], job.seed, job.world, iter, ti, mean);
     return std::memcmp(want.data(), bufs_[ti], job.tensors[ti].bytes) == 0;
@@ -409,7 +414,7 @@ class RankClient {
     if (!ok) return false;
     for (size_t ti = 0; ti < job.tensors.size(); ++ti) {
       const TensorDef& t = job.tensors[ti];
-      const auto want = job.mode == GL_MODE_ALLREDUCE
+      const auto want = job.mode == GL_MODE_ALLREDUCE && (job.seed & kIntegerValues) == 0
                             ? RingReference(job, iter, ti, mean)
                             : Reference(t, job.seed, job.world, iter, ti, mean);
       if (std::memcmp(want.data(), bufs_[ti], t.bytes) != 0) {
@@ -550,7 +555,9 @@ class AllReduceTest : public ::testing::TestWithParam<std::tuple<int, std::strin
 TEST_P(AllReduceTest, RingIsBitExactOnEveryRank) {
   const auto [world, policy] = GetParam();
   const std::string tag = absl::StrCat("ar", world, "-", policy);
-  Cluster cluster(world, TestOptions(), tag);
+  // Unfused: the reference follows each partition's chunks.
+  Cluster cluster(world, TestOptions(), tag,
+                  [](int, EngineOptions& o) { o.allreduce_fusion = EngineOptions::Fusion::kOff; });
   JobSpec job{"job-" + tag, world, policy, "secret", AwkwardTensors(), 77};
   job.mode = GL_MODE_ALLREDUCE;
   RunJob(cluster, job, 4, /*mean=*/false);
@@ -577,8 +584,10 @@ INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, AllReduceTest,
                          });
 
 TEST(EngineTest, AllReduceMeanIsBitExact) {
-  Cluster cluster(3, TestOptions(), "ar-mean",
-                  [](int, EngineOptions& o) { o.reduce = ps::ReduceOp::kMean; });
+  Cluster cluster(3, TestOptions(), "ar-mean", [](int, EngineOptions& o) {
+    o.reduce = ps::ReduceOp::kMean;
+    o.allreduce_fusion = EngineOptions::Fusion::kOff;
+  });
   JobSpec job{"job-ar-mean", 3, "bytescheduler", "secret", AwkwardTensors(), 78};
   job.mode = GL_MODE_ALLREDUCE;
   RunJob(cluster, job, 3, /*mean=*/true);
@@ -591,6 +600,61 @@ TEST(EngineTest, AllReduceSingleRankCompletesWithItsOwnGradient) {
   job.mode = GL_MODE_ALLREDUCE;
   RunJob(cluster, job, 2, /*mean=*/false);
   EXPECT_EQ(cluster.Stats(0).jobs_failed, 0u);
+}
+
+// Many small tensors of every dtype (and one of several partitions among them): fused into ring
+// buckets from the third iteration on, by the same plan on every rank, exact before and after
+// (whole-number values: every order sums exactly, so the reference needs no bucket layout), sum
+// and mean. Greedy fusion always fuses; PACE's may decide not to, and must be exact either way.
+void FusionCase(EngineOptions::Fusion fusion, int world, bool mean, const std::string& tag) {
+  Cluster cluster(world, TestOptions(), tag, [&](int, EngineOptions& o) {
+    o.allreduce_fusion = fusion;
+    if (mean) o.reduce = ps::ReduceOp::kMean;
+  });
+  std::vector<TensorDef> tensors;
+  for (int i = 0; i < 16; ++i) {
+    const gl_dtype dt = i % 3 == 0 ? GL_DTYPE_F32 : i % 3 == 1 ? GL_DTYPE_F16 : GL_DTYPE_BF16;
+    const uint64_t elem = dt == GL_DTYPE_F32 ? 4 : 2;
+    tensors.push_back({absl::StrCat("small", i), elem * (1 + 7 * static_cast<uint64_t>(i)), dt,
+                       i % 2 == 0 ? i : GL_PRIORITY_AUTO});
+    if (i == 8) tensors.push_back({"big", 3 * kPartition + 8, GL_DTYPE_F32, 20});
+  }
+  JobSpec job{"job-" + tag, world, "bytescheduler", "secret", tensors, kIntegerValues | 90};
+  job.mode = GL_MODE_ALLREDUCE;
+  RunJob(cluster, job, 7, mean);
+  for (int i = 0; i < world; ++i) {
+    const EngineStats s = cluster.Stats(i);
+    EXPECT_EQ(s.jobs_failed, 0u) << tag;
+    EXPECT_EQ(s.segments_rejected, 0u) << tag;
+    if (fusion == EngineOptions::Fusion::kGreedy) EXPECT_GT(s.fusion_buckets, 0u) << tag;
+  }
+  // Every rank applied the same plan.
+  for (int i = 1; i < world; ++i) {
+    EXPECT_EQ(cluster.Stats(i).fusion_buckets, cluster.Stats(0).fusion_buckets) << tag;
+  }
+}
+
+TEST(EngineTest, AllReduceGreedyFusionIsExactOnEveryRank) {
+  FusionCase(EngineOptions::Fusion::kGreedy, 3, false, "fuse-greedy3");
+  FusionCase(EngineOptions::Fusion::kGreedy, 2, true, "fuse-greedy2-mean");
+  FusionCase(EngineOptions::Fusion::kGreedy, 4, false, "fuse-greedy4");
+}
+
+TEST(EngineTest, AllReducePaceFusionIsExactOnEveryRank) {
+  FusionCase(EngineOptions::Fusion::kPace, 3, false, "fuse-pace3");
+}
+
+TEST(EngineTest, DaemonsWithDifferentFusionRefuseTheJob) {
+  Cluster cluster(2, TestOptions(), "fuse-knob", [](int i, EngineOptions& o) {
+    o.allreduce_fusion = i == 0 ? EngineOptions::Fusion::kPace : EngineOptions::Fusion::kOff;
+  });
+  JobSpec job{"job-fuse-knob", 2, "bytescheduler", "secret", AwkwardTensors(), 91};
+  job.mode = GL_MODE_ALLREDUCE;
+  const std::vector<std::vector<int>> st = PostOneIterationPerRank(cluster, job);
+  for (int r = 0; r < 2; ++r) {
+    for (int s : st[r]) EXPECT_NE(s, GL_OK);
+  }
+  EXPECT_GT(cluster.Stats(0).manifest_mismatches + cluster.Stats(1).manifest_mismatches, 0u);
 }
 
 // Ranks that choose different modes fail the job on every rank: the rank that reads the other's
