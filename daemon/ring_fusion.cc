@@ -43,7 +43,10 @@ void RingRole::Observe_st(const Part& p, TimeNs now) {
   if (p.iteration != measured_iteration_) {
     if (measured_iteration_ >= 0) {
       prev_ready_offset_ = ready_offset_;
-      forward_gap_ = std::max<TimeNs>(0, now - last_completion_);
+      // The iteration's period less its backward span (its last gradient's ready offset): the
+      // forward pass, with whatever it waited for results.
+      const TimeNs backward = *std::max_element(ready_offset_.begin(), ready_offset_.end());
+      forward_gap_ = std::max<TimeNs>(0, now - iteration_start_ - std::max<TimeNs>(0, backward));
     }
     measured_iteration_ = p.iteration;
     iteration_start_ = now;
@@ -68,10 +71,12 @@ std::vector<std::vector<uint32_t>> RingRole::PlanBuckets() const {
   const std::optional<double> bw = est.BytesPerSecond();
   const bool greedy = plan.fusion == static_cast<uint8_t>(EngineOptions::Fusion::kGreedy);
   if (n < 2 || (!greedy && (!bw || !(*bw > 0)))) return out;  // nothing measured to plan on
-  const TimeNs rtt = est.MinRtt().value_or(est.SmoothedRtt().value_or(0));
+  // What one more all-reduce costs the link: a message per ring step, each paying the
+  // per-message cost θ on the sender. The latency of a step is not a cost: the steps of
+  // successive all-reduces overlap it (unlike PACE's launch overhead, which serialises).
   const double hops = 2.0 * (world_ - 1);
   sched::AllReduceCost cost;
-  cost.fixed = static_cast<TimeNs>(hops * static_cast<double>(job_.per_message_ns() + rtt / 2));
+  cost.fixed = static_cast<TimeNs>(hops * static_cast<double>(job_.per_message_ns()));
   cost.ns_per_byte = greedy ? 0 : hops / world_ * 1e9 / *bw;
   // PACE's L_i: the forward time left when tensor i is needed. The forward consumes the
   // tensors in priority order (0 first); its length is the measured gap between the last result
@@ -145,6 +150,14 @@ std::vector<std::vector<uint32_t>> RingRole::PlanBuckets() const {
     }
     auto fused = sched::BalancedFusion(inst, cost);
     if (!fused.ok()) continue;
+    // Alg. 1 keeps the fewest groups among equally good ones, but a bucket costs what the model
+    // leaves out (its members wait for the last of them at partition granularity, not as a
+    // fluid): fuse only when the model says it is strictly faster than not fusing.
+    auto unfused = sched::HornSchedule(inst.jobs);
+    if (!unfused.ok() ||
+        fused->iteration_time >= std::max(unfused->objective, inst.compute_floor)) {
+      continue;
+    }
     for (const std::vector<int32_t>& group : fused->members) add_group(group, sub);
   }
   return out;
@@ -184,8 +197,8 @@ std::string RingRole::ApplyPlan_st(const std::vector<std::vector<uint32_t>>& buc
   for (size_t b = 0; b < buckets.size(); ++b) {
     const auto& members = buckets[b];
     if (members.size() < 2) return absl::StrCat(who, "bucket ", b, " has fewer than 2 members");
-    const sched::DType dtype = members[0] < n ? plan.tensors[members[0]].spec.dtype
-                                              : sched::DType::kF32;
+    const sched::DType dtype =
+        members[0] < n ? plan.tensors[members[0]].spec.dtype : sched::DType::kF32;
     uint64_t bytes = 0;
     for (uint32_t t : members) {
       if (t >= n || bucket_of[t] >= 0) {
@@ -309,9 +322,9 @@ void RingRole::OnPlanArrived_st(uint64_t length, TimeNs now) {
     return;
   }
   if (h.iteration != FusionIteration()) {
-    job_.Fail_st(GL_E_PROTOCOL,
-                 absl::StrCat(who, " starts at iteration ", h.iteration, ", this rank expected ",
-                              FusionIteration(), " (did the ranks start at different iterations?)"));
+    job_.Fail_st(GL_E_PROTOCOL, absl::StrCat(who, " starts at iteration ", h.iteration,
+                                             ", this rank expected ", FusionIteration(),
+                                             " (did the ranks start at different iterations?)"));
     return;
   }
   std::vector<std::vector<uint32_t>> buckets(h.buckets);

@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/job_runtime.h"
 #include "daemon/ps/aggregator.h"
-#include "daemon/session_server.h"
 
 namespace gradlane::daemon {
 
@@ -324,7 +323,6 @@ void RingRole::MaybeComplete_st(uint32_t part_index) {
   }
   rp.complete = true;
   ++rounds_completed_;
-  last_completion_ = SessionServer::MonotonicNow();
   job_.host().counters_st().rounds_reduced.Add_st(1);
   if (BucketOfPart(part_index) != nullptr) {
     BucketComplete_st(part_index);

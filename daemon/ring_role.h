@@ -29,9 +29,10 @@
 // Fusion (PACE §V, daemon/ring_fusion.cc; --allreduce_fusion=pace): a ring step costs a message
 // on every link, so a tensor of a few bytes pays 2(W-1) per-message costs for nothing. From the
 // job's third iteration on, small tensors may travel fused: rank 0 measures the ready time of
-// every tensor (iteration 2), the forward pass's length (the gap between the last result and the
-// next post) and the link (the job's bandwidth and RTT estimate, plus the per-message cost θ),
-// models an all-reduce of S bytes as g(S) = 2(W-1)(θ + rtt/2) + 2(W-1)/W · S/B, and runs PACE's
+// every tensor (iteration 2), the forward pass's length (the iteration's period less its backward
+// span) and the link (the job's bandwidth estimate, and the per-message cost θ),
+// models an all-reduce of S bytes as g(S) = 2(W-1)·θ + 2(W-1)/W · S/B (the latency of a step is
+// overlapped by the next all-reduce's, so it is no per-operation cost), and runs PACE's
 // balanced fusion (sched/fusion.h: the max-min DP along the ready-order chain, each candidate
 // scored by Horn's rule) over each run of consecutive single-partition tensors of one dtype.
 // The tail L_i the scoring needs is the forward time still to run when tensor i is needed,
@@ -235,7 +236,6 @@ class RingRole {
   uint64_t staging_bytes_ = 0;
   transport::RegionId staging_region_ = transport::kNoRegion;
   uint64_t rounds_completed_ = 0;
-  sched::TimeNs last_completion_ = 0;
 
   // Fusion.
   FusionState fusion_ = FusionState::kOff;
@@ -252,7 +252,7 @@ class RingRole {
   std::unique_ptr<std::byte[]> bucket_mem_;
   transport::RegionId bucket_region_ = transport::kNoRegion;
   // Measurements: the current iteration's ready offsets (from its first whole partition) and
-  // the previous iteration's, and the gap from the last result to the next iteration's start.
+  // the previous iteration's, and the previous iteration's forward length (period - backward).
   int64_t measured_iteration_ = -1;
   sched::TimeNs iteration_start_ = 0;
   std::vector<sched::TimeNs> ready_offset_, prev_ready_offset_;
