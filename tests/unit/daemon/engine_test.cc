@@ -223,6 +223,16 @@ void Fill(const TensorDef& t, void* buf, uint64_t seed, int rank, int64_t iter, 
   }
 }
 
+// Element i of a buffer of `dtype`, rounded once from f32.
+void StoreElement(gl_dtype dtype, float v, uint8_t* out, size_t i) {
+  if (dtype == GL_DTYPE_F32) {
+    std::memcpy(out + 4 * i, &v, 4);
+  } else {
+    const uint16_t h = dtype == GL_DTYPE_F16 ? ps::F32ToF16(v) : ps::F32ToBf16(v);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+
 // The reduction as the contract defines it, computed independently of the daemon.
 std::vector<uint8_t> Reference(const TensorDef& t, uint64_t seed, int world, int64_t iter,
                                size_t ti, bool mean) {
@@ -237,12 +247,7 @@ std::vector<uint8_t> Reference(const TensorDef& t, uint64_t seed, int world, int
       acc = r == 0 ? v : acc + v;
     }
     if (mean) acc = acc / static_cast<float>(world);
-    if (t.dtype == GL_DTYPE_F32) {
-      std::memcpy(&out[4 * i], &acc, 4);
-    } else {
-      const uint16_t h = t.dtype == GL_DTYPE_F16 ? ps::F32ToF16(acc) : ps::F32ToBf16(acc);
-      std::memcpy(&out[2 * i], &h, 2);
-    }
+    StoreElement(t.dtype, acc, out.data(), i);
   }
   return out;
 }
@@ -296,12 +301,7 @@ std::vector<uint8_t> RingReference(const JobSpec& job, int64_t iter, size_t ti, 
         if (mean) acc = acc / static_cast<float>(w);
       }
     }
-    if (t.dtype == GL_DTYPE_F32) {
-      std::memcpy(&out[4 * i], &acc, 4);
-    } else {
-      const uint16_t h = t.dtype == GL_DTYPE_F16 ? ps::F32ToF16(acc) : ps::F32ToBf16(acc);
-      std::memcpy(&out[2 * i], &h, 2);
-    }
+    StoreElement(t.dtype, acc, out.data(), i);
   }
   return out;
 }
