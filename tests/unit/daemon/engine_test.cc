@@ -657,13 +657,9 @@ TEST(EngineTest, DaemonsWithDifferentFusionRefuseTheJob) {
   EXPECT_GT(cluster.Stats(0).manifest_mismatches + cluster.Stats(1).manifest_mismatches, 0u);
 }
 
-// Ranks that choose different modes fail the job on every rank: the rank that reads the other's
-// manifest first with GL_E_BAD_TENSOR (its log names both modes), the other as its peer hangs up.
-TEST(EngineTest, RanksThatDisagreeOnTheModeFailTheJob) {
-  Cluster cluster(2, TestOptions(), "ar-mismatch");
-  JobSpec job{"job-ar-mismatch", 2, "bytescheduler", "secret", AwkwardTensors(), 80};
-  JobSpec other = job;
-  other.mode = GL_MODE_ALLREDUCE;
+// Rank 0 registers `job`, rank 1 `other`: every post fails, at least one rank's with
+// GL_E_BAD_TENSOR (the one that reads the other's manifest first), and a mismatch is counted.
+void ExpectTheJobRefused(Cluster& cluster, const JobSpec& job, const JobSpec& other) {
   std::vector<std::vector<int>> st(2);
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
@@ -677,6 +673,7 @@ TEST(EngineTest, RanksThatDisagreeOnTheModeFailTheJob) {
     });
   }
   for (auto& t : threads) t.join();
+  EXPECT_GT(cluster.Stats(0).manifest_mismatches + cluster.Stats(1).manifest_mismatches, 0u);
   bool bad_tensor = false;
   for (int r = 0; r < 2; ++r) {
     for (int s : st[r]) {
@@ -685,7 +682,16 @@ TEST(EngineTest, RanksThatDisagreeOnTheModeFailTheJob) {
     }
   }
   EXPECT_TRUE(bad_tensor);
-  EXPECT_GT(cluster.Stats(0).manifest_mismatches + cluster.Stats(1).manifest_mismatches, 0u);
+}
+
+// Ranks that choose different modes fail the job on every rank: the rank that reads the other's
+// manifest first with GL_E_BAD_TENSOR (its log names both modes), the other as its peer hangs up.
+TEST(EngineTest, RanksThatDisagreeOnTheModeFailTheJob) {
+  Cluster cluster(2, TestOptions(), "ar-mismatch");
+  JobSpec job{"job-ar-mismatch", 2, "bytescheduler", "secret", AwkwardTensors(), 80};
+  JobSpec other = job;
+  other.mode = GL_MODE_ALLREDUCE;
+  ExpectTheJobRefused(cluster, job, other);
 }
 
 // A client that dies in the middle of an all-reduce iteration fails its peers' posts with
@@ -1090,28 +1096,7 @@ TEST(EngineTest, TensorListMismatchIsAClearError) {
   JobSpec job{"job-mismatch", 2, "bytescheduler", "secret", AwkwardTensors(), 13};
   JobSpec other = job;
   other.tensors[3].bytes += 4;  // rank 1 registers a different size
-  std::vector<std::vector<int>> st(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      RankClient c;
-      const JobSpec& mine = r == 1 ? other : job;
-      ASSERT_EQ(c.Setup(cluster.socket(r), mine, r), GL_OK);
-      const int n = c.Post(mine, r, 0, 0, mine.tensors.size());
-      st[r] = c.Wait(n);
-      EXPECT_EQ(static_cast<int>(st[r].size()), n);
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_GT(cluster.Stats(0).manifest_mismatches + cluster.Stats(1).manifest_mismatches, 0u);
-  bool bad_tensor = false;
-  for (int r = 0; r < 2; ++r) {
-    for (int s : st[r]) {
-      EXPECT_NE(s, GL_OK);
-      bad_tensor = bad_tensor || s == GL_E_BAD_TENSOR;
-    }
-  }
-  EXPECT_TRUE(bad_tensor);
+  ExpectTheJobRefused(cluster, job, other);
 }
 
 TEST(EngineTest, DaemonsWithDifferentPartitionSizesOrReduceOpsRefuseTheJob) {
