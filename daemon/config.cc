@@ -23,12 +23,12 @@ ABSL_FLAG(std::string, default_policy, "bytescheduler",
           "scheduling policy for jobs that name none: fifo, p3, bytescheduler, prophet, "
           "gradlane");
 ABSL_FLAG(std::string, reduce, "sum", "reduction of the W contributions: sum or mean");
-ABSL_FLAG(std::string, allreduce_fusion, "pace",
-          "all-reduce jobs: pace (fuse small tensors into ring buckets by PACE's balanced fusion, "
-          "planned once from the measured ready times and link cost), greedy (fuse every run of "
-          "small tensors up to one partition, like a fusion buffer) or off (every partition its "
-          "own ring: results reproducible bit for bit from run to run); every daemon of a job "
-          "must agree");
+ABSL_FLAG(std::string, allreduce_fusion, "off",
+          "all-reduce jobs: off (every partition its own ring; results reproducible bit for bit "
+          "from run to run), pace (fuse small tensors into ring buckets by PACE's balanced fusion, "
+          "planned once from the measured ready times and link cost) or greedy (fuse every run of "
+          "small tensors up to one partition, like a fusion buffer); every daemon of a job must "
+          "agree");
 ABSL_FLAG(std::string, allowed_uids, "",
           "comma-separated uids allowed to connect (empty with --allowed_gids empty: the "
           "daemon's own uid, plus root)");

@@ -26,11 +26,11 @@ struct EngineOptions {
   // once by rank 0 from what it measured (daemon/ring_role.h). Every rank must agree (it is in
   // the job's fingerprint).
   enum class Fusion : uint8_t {
-    kOff,     // every partition its own ring
-    kPace,    // PACE's balanced fusion from the measured costs (the default)
+    kOff,     // every partition its own ring (the default: fusion has not paid off where measured)
+    kPace,    // PACE's balanced fusion from the measured costs
     kGreedy,  // every run of small tensors fused up to one partition (a fusion buffer)
   };
-  Fusion allreduce_fusion = Fusion::kPace;
+  Fusion allreduce_fusion = Fusion::kOff;
   // bytescheduler only: tune the credit window online with the BO tuner (ByteScheduler §4.3).
   // The partition size stays fixed: changing it would change keys and shards on every rank.
   bool autotune = false;

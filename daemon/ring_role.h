@@ -26,11 +26,11 @@
 // result completes the client's post only once every send this rank made from its buffer was
 // acknowledged, so the client never overwrites bytes still on their way out.
 //
-// Fusion (PACE §V, daemon/ring_fusion.cc; --allreduce_fusion=pace): a ring step costs a message
-// on every link, so a tensor of a few bytes pays 2(W-1) per-message costs for nothing. From the
-// job's third iteration on, small tensors may travel fused: rank 0 measures the ready time of
-// every tensor (iteration 2), the forward pass's length (the iteration's period less its backward
-// span) and the link (the job's bandwidth estimate, and the per-message cost θ),
+// Fusion (PACE §V, daemon/ring_fusion.cc; --allreduce_fusion=pace, off by default): a ring step
+// costs a message on every link, so a tensor of a few bytes pays 2(W-1) per-message costs for
+// nothing. From the job's third iteration on, small tensors may travel fused: rank 0 measures the
+// ready time of every tensor (iteration 2), the forward pass's length (the iteration's period less
+// its backward span) and the link (the job's bandwidth estimate, and the per-message cost θ),
 // models an all-reduce of S bytes as g(S) = 2(W-1)·θ + 2(W-1)/W · S/B (the latency of a step is
 // overlapped by the next all-reduce's, so it is no per-operation cost), and runs PACE's
 // balanced fusion (sched/fusion.h: the max-min DP along the ready-order chain, each candidate
