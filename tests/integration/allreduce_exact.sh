@@ -4,7 +4,8 @@
 # tensors of every dtype with awkward sizes, posted whole and in byte ranges, and every rank's
 # result must equal, bit for bit, the ring's fixed order (gradlane-check --mode=allreduce); then
 # the mean; then the faults: a rank killed mid-iteration fails every survivor with an error
-# completion (no hang), a wrong token is refused, and a new job on the same daemons works. The
+# completion (no hang), a wrong token is refused, a daemon killed mid-job fails every other rank
+# within 2 x peer_timeout + 3 s, and a new job on the same daemons (one restarted) works. The
 # daemons run --allreduce_fusion=off for those (the checker's reference follows each partition's
 # chunks); then with fusion (greedy, which always fuses, and pace) on whole-number values, whose
 # sums are exact in any order: every rank must get the exact sum, and the daemons must have fused.
@@ -71,6 +72,20 @@ it_job_start badtoken bytescheduler 3 12 "2" -- --mode=allreduce --ring_partitio
 IT_TOKEN=$IT_TOKEN_SAVED
 it_job_wait badtoken 60 || it_fail "wrong token: a rank did not report the failure (above)"
 echo "wrong token: every rank failed cleanly"
+
+# kill -9 of daemon 2 mid-job: ranks 0 and 1 get error completions within 2 x peer_timeout + 3 s,
+# the other daemons stay up, and daemon 2 restarts for the next job.
+it_job_start doomed bytescheduler 100000 15 -- --mode=allreduce --ring_partition_bytes=$part \
+  "$sizes" --expect_failure
+gl_wait_line "$GL_TMP/doomed.r0.out" 'iteration 3 ok' 60 "${GL_PID[doomed.r0]}" ||
+  { gl_show doomed.r0; it_fail "job 'doomed' never reached iteration 3"; }
+gl_daemon_stop 2 KILL || true
+t0=$SECONDS
+it_job_wait doomed $((2 * 3 + 3)) || it_fail "all-reduce ranks did not all report the daemon's death in time (above)"
+echo "all-reduce ranks reported kill -9 of daemon 2 after $((SECONDS - t0)) s"
+for i in 0 1 3; do gl_daemon_alive "$i" || it_fail "daemon $i died after daemon 2 was killed"; done
+gl_daemon_start 2 --reduce=sum --peer_timeout=3s --connect_timeout=4s --partition_bytes=$part \
+  --allreduce_fusion=off "${fault[@]}"
 
 # The daemons go on: a new job runs bit-exact, then the mean.
 it_job_start after prophet 5 13 -- --quiet --mode=allreduce --ring_partition_bytes=$part "$sizes"

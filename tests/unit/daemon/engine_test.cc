@@ -1032,10 +1032,12 @@ TEST(EngineTest, ClientKilledWithSigkillMidIteration) {
   RunJob(cluster, next, 2, false);
 }
 
-void PeerDownCase(bool silent) {
-  Cluster cluster(3, TestOptions(), silent ? "silent" : "loud");
-  JobSpec job{
-      silent ? "job-silent" : "job-loud", 3, "bytescheduler", "secret", AwkwardTensors(), 9};
+void PeerDownCase(bool silent, gl_job_mode mode = GL_MODE_PS) {
+  const std::string tag =
+      absl::StrCat(silent ? "silent" : "loud", mode == GL_MODE_ALLREDUCE ? "-ar" : "");
+  Cluster cluster(3, TestOptions(), tag);
+  JobSpec job{"job-" + tag, 3, "bytescheduler", "secret", AwkwardTensors(), 9};
+  job.mode = mode;
   std::vector<SurvivorResult> res(3);
   std::atomic<int> done0{0};
   std::atomic<bool> killed{false};
@@ -1065,13 +1067,19 @@ void PeerDownCase(bool silent) {
   }
   // The dead daemon restarts; a new job over all three works.
   cluster.Restart(2);
-  JobSpec next{
-      silent ? "job-silent-2" : "job-loud-2", 3, "prophet", "secret", AwkwardTensors(), 10};
+  JobSpec next{"job-" + tag + "-2", 3, "prophet", "secret", AwkwardTensors(), 10};
+  next.mode = mode;
   RunJob(cluster, next, 2, false);
 }
 
 TEST(EngineTest, PeerDaemonKilledFailsPendingPostsThenRestartWorks) { PeerDownCase(false); }
 TEST(EngineTest, SilentPeerFailsWithinTheTimeoutThenRestartWorks) { PeerDownCase(true); }
+TEST(EngineTest, AllReducePeerDaemonKilledFailsPendingPostsThenRestartWorks) {
+  PeerDownCase(false, GL_MODE_ALLREDUCE);
+}
+TEST(EngineTest, AllReduceSilentPeerFailsWithinTheTimeoutThenRestartWorks) {
+  PeerDownCase(true, GL_MODE_ALLREDUCE);
+}
 
 TEST(EngineTest, WrongTokenIsRejected) {
   EngineOptions o = TestOptions();
