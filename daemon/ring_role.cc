@@ -66,7 +66,6 @@ uint32_t RingRole::ChunkOf(const Part& p, uint64_t offset) const {
   return static_cast<uint32_t>(((e + 1) * world_ + n - 1) / n - 1);
 }
 
-uint32_t RingRole::SentAtStep(uint32_t s) const { return (rank_ + world_ - s) % world_; }
 uint32_t RingRole::ReceivedAtStep(uint32_t s) const {
   return (rank_ + 2 * world_ - 1 - s) % world_;
 }

@@ -91,8 +91,6 @@ class RingRole {
   void OnPlanArrived_st(uint64_t length, sched::TimeNs now);
   // Sends the plan if the right neighbour's queue was full when it was first tried.
   void FlushPlan_st(sched::TimeNs now);
-  // Buckets of the plan in force (0 before it, or when nothing was worth fusing).
-  size_t buckets() const { return buckets_.size(); }
   // Where a ring frame from rank `from` lands; Reject() when it is not one this rank expects
   // (not from the left neighbour, a chunk that step never carries, a stale or far-ahead
   // iteration, more bytes than the chunk holds).
@@ -183,8 +181,7 @@ class RingRole {
   void Chunk(const Part& p, uint32_t c, uint64_t* begin, uint64_t* end) const;
   // The chunk holding byte `offset` of the partition.
   uint32_t ChunkOf(const Part& p, uint64_t offset) const;
-  // Chunk carried by reduce-scatter step s (sent by this rank) and received at step s.
-  uint32_t SentAtStep(uint32_t s) const;
+  // The chunk received at reduce-scatter step s.
   uint32_t ReceivedAtStep(uint32_t s) const;
   Slot& SlotOf(uint32_t part_index, uint32_t step) {
     return slots_[size_t{part_index} * (world_ - 1) + step];

@@ -127,7 +127,6 @@ class Session {
   // The ABI version the client speaks (CheckHello accepted it), before SendHelloReply: the
   // reply, the arena header and the control messages follow it.
   void SetAbiVersion(uint32_t version);
-  uint32_t abi_version() const { return abi_version_; }
   // Replies `status` to a control message the server could not even read (too long, too many
   // fds), so that no request goes unanswered.
   absl::Status RefuseControl_st(uint64_t request_id, gl_status status, const std::string& why);

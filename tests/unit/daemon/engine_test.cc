@@ -626,7 +626,9 @@ void FusionCase(EngineOptions::Fusion fusion, int world, bool mean, const std::s
     const EngineStats s = cluster.Stats(i);
     EXPECT_EQ(s.jobs_failed, 0u) << tag;
     EXPECT_EQ(s.segments_rejected, 0u) << tag;
-    if (fusion == EngineOptions::Fusion::kGreedy) EXPECT_GT(s.fusion_buckets, 0u) << tag;
+    if (fusion == EngineOptions::Fusion::kGreedy) {
+      EXPECT_GT(s.fusion_buckets, 0u) << tag;
+    }
   }
   // Every rank applied the same plan.
   for (int i = 1; i < world; ++i) {
