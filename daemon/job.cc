@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "sched/policies/bytescheduler.h"
-#include "sched/policies/prophet.h"
+#include "sched/shard_balance.h"
 
 namespace gradlane::daemon {
 namespace {
@@ -28,17 +28,32 @@ void MixValue(uint64_t& h, T v) {
 }  // namespace
 
 uint64_t EnginePartitionBytes(const std::string& policy, uint64_t configured, sched::DType dtype) {
-  uint64_t bytes = sched::kByteSchedulerDefaultPartitionBytes;
-  if (policy == "fifo") {
-    bytes = kMaxEnginePartitionBytes;  // whole tensors (the vanilla baseline), up to the cap
-  } else if (configured != 0) {
-    bytes = configured;
-  } else if (policy == "p3") {
-    bytes = sched::kP3PartitionElements * sched::DTypeBytes(dtype);
-  } else if (policy == "prophet") {
-    bytes = sched::kProphetDefaultPartitionBytes;
+  uint64_t bytes = kMaxEnginePartitionBytes;  // fifo: whole tensors (the vanilla baseline)
+  if (policy != "fifo") {
+    bytes = configured != 0 ? configured : sched::DefaultPartitionBytes(policy, dtype);
+    // An unknown name fails at MakePolicy; until then it plans like bytescheduler.
+    if (bytes == 0) bytes = sched::kByteSchedulerDefaultPartitionBytes;
   }
   return std::min(bytes, kMaxEnginePartitionBytes);
+}
+
+uint64_t BalancedKeyBytes(const std::vector<TensorInfo>& tensors, const JobPlan& plan,
+                          uint64_t configured_partition_bytes) {
+  // An explicit --partition_bytes is the operator's choice, fifo sends whole tensors by
+  // definition, and an all-reduce job splits every partition W ways already.
+  if (plan.mode != GL_MODE_PS || plan.world <= 1 || configured_partition_bytes != 0 ||
+      plan.policy_name == "fifo") {
+    return 0;
+  }
+  uint64_t policy_bytes = 0;
+  std::vector<uint64_t> sizes;
+  sizes.reserve(tensors.size());
+  for (const TensorInfo& t : tensors) {
+    sizes.push_back(t.bytes);
+    policy_bytes = std::max(policy_bytes, EnginePartitionBytes(plan.policy_name, 0, t.dtype));
+  }
+  const uint64_t unit = sched::BalancedShardUnit(sizes, plan.world, policy_bytes);
+  return unit < policy_bytes ? unit : 0;
 }
 
 const char* ModeName(gl_job_mode mode) {
@@ -59,9 +74,15 @@ uint64_t WireJobId(const std::string& job_id) {
 
 uint64_t Fingerprint(const std::vector<TensorInfo>& tensors, uint32_t world_size,
                      const std::string& policy, uint64_t partition_bytes, ps::ReduceOp reduce,
-                     gl_job_mode mode, uint8_t fusion) {
+                     gl_job_mode mode, uint8_t fusion, uint64_t balanced_key_bytes) {
   uint64_t h = kFnvOffset;
   MixValue(h, world_size);
+  // Mixed in only when the balance rule cut the keys finer than the policy's partitions: a job
+  // whose keys did not change keeps the fingerprint a daemon without the rule computes, and one
+  // whose keys did is refused by such a daemon instead of disagreeing on the keys.
+  if (balanced_key_bytes != 0) {
+    MixValue(h, balanced_key_bytes | (uint64_t{0x4B45} << 48));
+  }
   // Mixed in only when not ps, so a ps job's fingerprint is what it was before modes existed.
   if (mode != GL_MODE_PS) {
     MixValue(h, static_cast<uint32_t>(mode) | 0x4D4F0000u);
@@ -155,6 +176,7 @@ JobError BuildJobPlan(const Session& session, const std::string& default_policy,
     plan->tensors.reserve(tensors.size() + tensors.size() / 2 + 1);
   }
   plan->total_bytes = 0;
+  plan->balanced_key_bytes = BalancedKeyBytes(tensors, *plan, partition_bytes);
   for (const TensorInfo& t : tensors) {
     JobTensor jt;
     jt.name = t.name;
@@ -164,8 +186,9 @@ JobError BuildJobPlan(const Session& session, const std::string& default_policy,
     jt.auto_priority = t.priority == GL_PRIORITY_AUTO;
     jt.spec.priority = jt.auto_priority ? 0 : t.priority;
     jt.arena_offset = t.offset;
-    jt.plan = sched::PartitionPlan::Make(
-        t.bytes, t.dtype, EnginePartitionBytes(plan->policy_name, partition_bytes, t.dtype));
+    uint64_t key_bytes = EnginePartitionBytes(plan->policy_name, partition_bytes, t.dtype);
+    if (plan->balanced_key_bytes != 0) key_bytes = std::min(key_bytes, plan->balanced_key_bytes);
+    jt.plan = sched::PartitionPlan::Make(t.bytes, t.dtype, key_bytes);
     jt.first_part = static_cast<uint32_t>(plan->parts.size());
     jt.active_posts.reserve(4);
     const uint32_t n = jt.plan.partition_count();
@@ -199,7 +222,7 @@ JobError BuildJobPlan(const Session& session, const std::string& default_policy,
   plan->client_parts = static_cast<uint32_t>(plan->parts.size());
   if (plan->fusion) plan->parts.reserve(plan->parts.size() + plan->tensors.size() / 2 + 1);
   plan->fingerprint = Fingerprint(tensors, plan->world, plan->policy_name, partition_bytes, reduce,
-                                  plan->mode, plan->fusion);
+                                  plan->mode, plan->fusion, plan->balanced_key_bytes);
   plan->manifest = ManifestBody{kManifestMagic,
                                 plan->fingerprint,
                                 static_cast<uint32_t>(tensors.size()),

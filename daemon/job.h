@@ -10,8 +10,9 @@
 //     `Fingerprint` digests that list with W, the policy, --partition_bytes and the reduce op;
 //     daemons exchange it in a manifest frame, the first frame on each connection, and a difference
 //     fails the job with a message naming both values.
-//   - Partition k of a tensor is PartitionPlan::Make(bytes, dtype, EnginePartitionBytes(...));
-//     the shard map is ps::ShardMap over those keys. Both depend only on the frozen list.
+//   - Partition k of a tensor is PartitionPlan::Make(bytes, dtype, EnginePartitionBytes(...)),
+//     cut finer where the shards would otherwise be unevenly loaded (BalancedKeyBytes); the
+//     shard map is ps::ShardMap over those keys. Both depend only on the frozen list and W.
 //   - The mode (parameter servers or ring all-reduce) is part of the fingerprint and of the
 //     manifest; an all-reduce job has no shard map (every rank reduces a chunk of every
 //     partition, daemon/ring_role.h).
@@ -77,6 +78,14 @@ static_assert(offsetof(ManifestBody, tensor_count) == 16 && offsetof(ManifestBod
 // policy name, --partition_bytes (part of the fingerprint) and the dtype.
 inline constexpr uint64_t kMaxEnginePartitionBytes = 64ull << 20;
 uint64_t EnginePartitionBytes(const std::string& policy, uint64_t configured, sched::DType dtype);
+
+struct JobPlan;
+// Parameter-server jobs: the key size that spreads the job's bytes evenly over its W shards
+// (sched::BalancedShardUnit from the policy's partition size), when that is finer than the
+// policy's partitions; 0 otherwise, and always 0 for fifo (whole tensors), all-reduce, W = 1
+// and a configured --partition_bytes. Reads plan.mode, world and policy_name.
+uint64_t BalancedKeyBytes(const std::vector<TensorInfo>& tensors, const JobPlan& plan,
+                          uint64_t configured_partition_bytes);
 
 // FNV-1a of the job id string: the 64-bit id the wire protocol carries.
 uint64_t WireJobId(const std::string& job_id);
@@ -185,6 +194,9 @@ struct JobPlan {
   uint64_t staging_bytes = 0;
   uint64_t fingerprint = 0;
   uint64_t total_bytes = 0;
+  // ps: the key size the balance rule chose (sched/shard_balance.h) when it is finer than the
+  // policy's partitions; 0 when the policy's partitions were kept.
+  uint64_t balanced_key_bytes = 0;
   std::unique_ptr<ps::ShardMap> shard_map;
   ManifestBody manifest{};  // what this rank sends its peers
 
@@ -196,7 +208,8 @@ struct JobPlan {
 // the configured partition size, the reduce op).
 uint64_t Fingerprint(const std::vector<TensorInfo>& tensors, uint32_t world_size,
                      const std::string& policy, uint64_t partition_bytes, ps::ReduceOp reduce,
-                     gl_job_mode mode = GL_MODE_PS, uint8_t fusion = 0);
+                     gl_job_mode mode = GL_MODE_PS, uint8_t fusion = 0,
+                     uint64_t balanced_key_bytes = 0);
 const char* ModeName(gl_job_mode mode);
 
 // Validates what the client registered and builds the frozen tensors, parts, shard map and the

@@ -90,7 +90,10 @@ JobError JobRuntime::SetUp_st(Session& session, TimeNs now) {
   transport::Transport& transport = host_.transport_st();
   const std::string& id = plan_.info.job_id;
   policy_config_.name = plan_.policy_name;
-  policy_config_.partition_bytes = options.partition_bytes;
+  // The policy cuts with the keys' size, so its partitions are the shards' keys (the balance
+  // rule may have made them finer than the policy's own default).
+  policy_config_.partition_bytes =
+      options.partition_bytes != 0 ? options.partition_bytes : plan_.balanced_key_bytes;
   policy_config_.credit_bytes = options.credit_bytes;
   auto policy = sched::MakePolicy(policy_config_);
   if (!policy.ok()) {
@@ -152,19 +155,24 @@ JobError JobRuntime::Start_st(TimeNs now) {
   const EngineOptions& options = host_.options();
   if (options.autotune && plan_.policy_name == "bytescheduler") {
     const uint64_t part =
-        EnginePartitionBytes(plan_.policy_name, options.partition_bytes, sched::DType::kF32);
+        plan_.balanced_key_bytes != 0
+            ? plan_.balanced_key_bytes
+            : EnginePartitionBytes(plan_.policy_name, options.partition_bytes, sched::DType::kF32);
     sched::TunerBounds b{part, part, std::max<uint64_t>(part / 2, 4), 32 * part};
     auto tuner = sched::BoTuner::Create(b, plan_.wire_id);
     if (tuner.ok()) {
       tuner_ = std::make_unique<Tuner>(Tuner{std::move(*tuner), {}, 0, now, 0, -1, false});
     }
   }
-  LogLine(absl::StrCat("job ", id(), " rank ", plan_.rank, "/", plan_.world,
-                       " active: ", plan_.tensors.size(), " tensors, ", plan_.total_bytes,
-                       " bytes, ", plan_.parts.size(), " partitions",
-                       allreduce() ? std::string(", ring all-reduce")
-                                   : absl::StrCat(" (", shard_.owned().size(), " owned here)"),
-                       ", policy ", plan_.policy_name));
+  LogLine(absl::StrCat(
+      "job ", id(), " rank ", plan_.rank, "/", plan_.world, " active: ", plan_.tensors.size(),
+      " tensors, ", plan_.total_bytes, " bytes, ", plan_.parts.size(), " partitions",
+      allreduce() ? std::string(", ring all-reduce")
+                  : absl::StrCat(" (", shard_.owned().size(), " owned here)"),
+      plan_.balanced_key_bytes != 0
+          ? absl::StrCat(", keys of ", plan_.balanced_key_bytes, " bytes to balance the shards")
+          : std::string(),
+      ", policy ", plan_.policy_name));
   return {};
 }
 

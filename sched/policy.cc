@@ -50,6 +50,14 @@ absl::Status Validate(const PolicyConfig& c) {
 
 }  // namespace
 
+uint64_t DefaultPartitionBytes(std::string_view policy, DType dtype) {
+  if (policy == "p3") return kP3PartitionElements * DTypeBytes(dtype);
+  if (policy == "bytescheduler") return kByteSchedulerDefaultPartitionBytes;
+  if (policy == "prophet") return kProphetDefaultPartitionBytes;
+  if (policy == "gradlane") return kGradlaneDefaultKeyPartitionBytes;
+  return 0;
+}
+
 absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(const PolicyConfig& config) {
   if (absl::Status s = Validate(config); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("policy '", config.name, "': ", s.message()));

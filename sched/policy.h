@@ -93,6 +93,10 @@ class Policy {
 // Builds a policy by name; an unknown name or an invalid size is an InvalidArgument error.
 absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(const PolicyConfig& config);
 
+// The partition size δ the named policy cuts with when PolicyConfig::partition_bytes is 0:
+// 0 for fifo (whole tensors) and for an unknown name.
+uint64_t DefaultPartitionBytes(std::string_view policy, DType dtype);
+
 // The names MakePolicy accepts, in a stable order (for "--policy all").
 const std::vector<std::string>& PolicyNames();
 

@@ -64,6 +64,9 @@ ABSL_FLAG(int64_t, credit_bytes, 0, "credit window for every policy; 0 = each on
 ABSL_FLAG(int64_t, shard_partition_bytes, 4 << 20,
           "granularity of the key-to-shard assignment (ps); the ring's partition size, each cut "
           "into W chunks (allreduce)");
+ABSL_FLAG(bool, balance_shards, true,
+          "ps: cut keys finer than --shard_partition_bytes where the shards would otherwise be "
+          "unevenly loaded, as the daemon does (sched/shard_balance.h); false: the plain map");
 ABSL_FLAG(int64_t, ideal_granularity_bytes, 0,
           "piece size of the ideal bound; 0 = 20 µs of link time in [16 KiB, 1 MiB]");
 ABSL_FLAG(std::string, priorities, "index",
@@ -273,6 +276,7 @@ int main(int argc, char** argv) {
   if (partition < 0) Fail(2, "--partition_bytes must be >= 0");
   if (credit < 0) Fail(2, "--credit_bytes must be >= 0");
   config.shard_partition_bytes = static_cast<uint64_t>(shard_bytes);
+  config.balance_shards = absl::GetFlag(FLAGS_balance_shards);
   config.ideal_granularity_bytes = static_cast<uint64_t>(ideal_bytes);
   if (const double rho = absl::GetFlag(FLAGS_rho); rho != 0) {
     if (!std::isfinite(rho) || rho < 1e-3 || rho > 1e3)
@@ -294,11 +298,21 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::vector<std::string>> names = PolicyList(absl::GetFlag(FLAGS_policy));
   if (!names.ok()) Fail(2, names.status().message());
 
+  // As in the daemon, a policy whose own partitions are coarser than the balanced keys cuts at
+  // the keys (its partitions are the keys there); fifo keeps whole tensors.
+  const uint64_t shard_unit = sim::ShardUnitBytes(*profile, config);
   auto factory_for = [&](const std::string& name) {
-    return [name, partition, credit, bandwidth = *bandwidth, overhead_ns = config.overhead_ns]() {
+    uint64_t policy_partition = static_cast<uint64_t>(partition);
+    if (policy_partition == 0 && config.mode == sim::SimMode::kParameterServer &&
+        shard_unit < config.shard_partition_bytes &&
+        shard_unit < gradlane::sched::DefaultPartitionBytes(name, gradlane::sched::DType::kF32)) {
+      policy_partition = shard_unit;
+    }
+    return [name, policy_partition, credit, bandwidth = *bandwidth,
+            overhead_ns = config.overhead_ns]() {
       PolicyConfig pc;
       pc.name = name;
-      pc.partition_bytes = static_cast<uint64_t>(partition);
+      pc.partition_bytes = policy_partition;
       pc.credit_bytes = static_cast<uint64_t>(credit);
       pc.initial_bandwidth_bytes_per_s = bandwidth / 8;
       pc.per_message_overhead_ns = overhead_ns;

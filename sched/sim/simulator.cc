@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "sched/bandwidth_estimator.h"
+#include "sched/shard_balance.h"
 
 namespace gradlane::sched::sim {
 namespace {
@@ -66,6 +67,21 @@ std::vector<std::vector<OwnedRange>> AssignShards(const ModelProfile& profile, i
   }
   return owned;
 }
+
+}  // namespace
+
+uint64_t ShardUnitBytes(const ModelProfile& profile, const SimConfig& config) {
+  if (config.mode != SimMode::kParameterServer || !config.balance_shards) {
+    return config.shard_partition_bytes;
+  }
+  std::vector<uint64_t> sizes;
+  sizes.reserve(profile.layers.size());
+  for (const ModelLayer& l : profile.layers) sizes.push_back(l.param_bytes);
+  return BalancedShardUnit(sizes, static_cast<uint32_t>(std::max(config.workers, 0)),
+                           config.shard_partition_bytes);
+}
+
+namespace {
 
 // Counts, per byte of one key at one shard, how many of the W contributions arrived. Each source
 // sends each byte once per iteration, so a count of W means "ready to aggregate" whatever way
@@ -403,7 +419,7 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory, std::string_
   if (allreduce_) {
     RingSetUp();
   } else {
-    owned_ = AssignShards(profile_, w_, config_.shard_partition_bytes);
+    owned_ = AssignShards(profile_, w_, ShardUnitBytes(profile_, config_));
   }
   {
     std::map<TimeNs, std::vector<uint32_t>> groups;

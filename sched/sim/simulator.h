@@ -4,8 +4,9 @@
 //
 // What is modelled (docs/simulator.md has the long form):
 //  * W hosts; each is a worker (one GPU) and a parameter-server shard. Gradient bytes are cut
-//    into shard partitions (SimConfig::shard_partition_bytes) assigned to shards by bytes
-//    (largest first onto the least-loaded shard), once, identically for every policy.
+//    into shard partitions (SimConfig::shard_partition_bytes, finer where the balance rule of
+//    sched/shard_balance.h says so: ShardUnitBytes) assigned to shards by bytes (largest first
+//    onto the least-loaded shard), once, identically for every policy.
 //  * Each host has a full-duplex link: an uplink and a downlink of `bandwidth` each. A message
 //    of m bytes holds the sender's uplink for overhead + m/B (FIFO, in commit order). Its first
 //    bit reaches the receiver overhead + latency after the uplink started it; the receiver's
@@ -165,6 +166,10 @@ struct SimConfig {
   // Granularity of the key → shard assignment (BytePS's 4 MB partitions). All-reduce mode: the
   // ring's partition size, each partition cut into W chunks.
   uint64_t shard_partition_bytes = 4ull << 20;
+  // ps mode: cut the keys finer than shard_partition_bytes where the shards would otherwise be
+  // unevenly loaded, by the daemon's rule (sched/shard_balance.h; ShardUnitBytes below). Off:
+  // the plain shard_partition_bytes map (the daemon before the rule, BytePS's fixed keys).
+  bool balance_shards = true;
   // Even and long enough that period-2 patterns (a policy alternating a long and a short
   // iteration) average out; the first iteration has no pull to wait for and is always short.
   int warmup_iterations = 3;
@@ -180,6 +185,11 @@ struct SimConfig {
   // Safety valve against a runaway policy (e.g. one that dispatches zero-byte segments).
   int64_t max_events = 400'000'000;
 };
+
+// The key size of the key → shard assignment in ps mode: shard_partition_bytes, or the balance
+// rule's finer size when balance_shards is on (sched::BalancedShardUnit). All-reduce mode:
+// shard_partition_bytes.
+uint64_t ShardUnitBytes(const ModelProfile& profile, const SimConfig& config);
 
 // Builds one host's policy; called once per host per run.
 using PolicyFactory = std::function<absl::StatusOr<std::unique_ptr<Policy>>()>;

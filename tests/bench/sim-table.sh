@@ -14,11 +14,12 @@
 # Defaults: build-h12 (any build dir with sched/gradlane-sim), every tests/data/models/*.json
 # but tiny.json. GRADLANE_SIM_JOBS runs that many simulations at once (default 2). Output: one
 # CSV row per (profile, rho, bandwidth, W): each policy's T/ideal, the best seed policy,
-# gradlane / best seed, and the all-ports fluid priority schedule's T/ideal (a reference: what
+# gradlane / best seed, the all-ports fluid priority schedule's T/ideal (a reference: what
 # a perfect preemptive priority scheduler with no per-message cost gets when every port is
 # constrained at once; not a bound, but where it is far above 1 the single-port bound is not
-# within reach of priority scheduling); then, on stderr, the worst rows. The simulator is deterministic: the
-# same inputs give the same table on any machine and load.
+# within reach of priority scheduling), and the bound in ms with the daemon's balanced keys
+# (the ratios' denominator) and with the plain 4 MiB key map; then, on stderr, the worst rows.
+# The simulator is deterministic: the same inputs give the same table on any machine and load.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 allreduce=0
@@ -79,18 +80,22 @@ if (($# == 0)); then
 fi
 
 row() {  # profile rho bandwidth workers
+  # The bound once more with the plain 4 MiB key map (no balance rule): both bounds are reported.
+  local plain
+  plain=$("$sim" --profile "$1" --rho "$2" --bandwidth "$3" --workers "$4" --policy fifo \
+      --balance_shards=false --format csv | awk -F, '$1 == "ideal" { print $2 }')
   "$sim" --profile "$1" --rho "$2" --bandwidth "$3" --workers "$4" --policy "$policies" \
       --fluid --format csv |
-    awk -F, -v p="$(basename "$1" .json)" -v rho="$2" -v bw="$3" -v w="$4" '
+    awk -F, -v p="$(basename "$1" .json)" -v rho="$2" -v bw="$3" -v w="$4" -v plain="$plain" '
       NR == 1 { next }
-      { r[$1] = $4 }
+      { r[$1] = $4; ms[$1] = $2 }
       END {
         best = "fifo"
         split("p3 bytescheduler prophet", seeds, " ")
         for (i in seeds) if (r[seeds[i]] < r[best]) best = seeds[i]
-        printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%.3f,%s\n", p, rho, bw, w, r["fifo"], r["p3"],
+        printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%.3f,%s,%s,%s\n", p, rho, bw, w, r["fifo"], r["p3"],
                r["bytescheduler"], r["prophet"], r["gradlane"], best, r["gradlane"] / r[best],
-               r["fluid"]
+               r["fluid"], ms["ideal"], plain
       }'
 }
 export -f row
@@ -102,7 +107,7 @@ for p in "$@"; do for rho in 0.5 1 2; do for bw in 1gbit 3gbit 10gbit; do for w 
   echo "$p $rho $bw $w"
 done; done; done; done | xargs -P "$jobs" -n 4 bash -c 'row "$@"' _ |
   sort -t, -k1,1 -k2,2n -k3,3V -k4,4n > "$rows"
-echo "profile,rho,bandwidth,workers,fifo,p3,bytescheduler,prophet,gradlane,best_seed,gradlane_vs_best_seed,fluid"
+echo "profile,rho,bandwidth,workers,fifo,p3,bytescheduler,prophet,gradlane,best_seed,gradlane_vs_best_seed,fluid,ideal_ms,ideal_4mib_keys_ms"
 cat "$rows"
 awk -F, '
   { if ($9 > worst) { worst = $9; wrow = $0 } if ($11 > wseed) { wseed = $11; srow = $0 }

@@ -523,6 +523,64 @@ TEST(EngineTest, FifoTensorsBeyondOneEnginePartitionAreExact) {
   }
 }
 
+TEST(EngineTest, BalancedKeysOnlyWhereThePolicyPartitionsLeaveShardsUneven) {
+  std::vector<TensorInfo> one_tensor(1);
+  one_tensor[0].bytes = 3ull << 20;  // one 4 MiB key: a single shard would carry all of it
+  JobPlan plan;
+  plan.world = 3;
+  plan.policy_name = "gradlane";
+  EXPECT_EQ(BalancedKeyBytes(one_tensor, plan, 0), 1ull << 20);  // three keys of 1 MiB
+  plan.policy_name = "bytescheduler";
+  EXPECT_EQ(BalancedKeyBytes(one_tensor, plan, 0), 1ull << 20);
+  // Not for fifo (whole tensors by definition), a configured size, W = 1, or all-reduce.
+  plan.policy_name = "fifo";
+  EXPECT_EQ(BalancedKeyBytes(one_tensor, plan, 0), 0u);
+  plan.policy_name = "gradlane";
+  EXPECT_EQ(BalancedKeyBytes(one_tensor, plan, 4ull << 20), 0u);
+  plan.mode = GL_MODE_ALLREDUCE;
+  EXPECT_EQ(BalancedKeyBytes(one_tensor, plan, 0), 0u);
+  plan.mode = GL_MODE_PS;
+  plan.world = 1;
+  EXPECT_EQ(BalancedKeyBytes(one_tensor, plan, 0), 0u);
+  // Already even at the policy's size: 0 (the policy's partitions are kept).
+  std::vector<TensorInfo> even(6);
+  for (TensorInfo& t : even) t.bytes = 4ull << 20;
+  plan.world = 3;
+  EXPECT_EQ(BalancedKeyBytes(even, plan, 0), 0u);
+  // The fingerprint changes only where the keys did.
+  EXPECT_EQ(Fingerprint(even, 3, "gradlane", 0, ps::ReduceOp::kSum),
+            Fingerprint(even, 3, "gradlane", 0, ps::ReduceOp::kSum, GL_MODE_PS, 0, 0));
+  EXPECT_NE(Fingerprint(one_tensor, 3, "gradlane", 0, ps::ReduceOp::kSum),
+            Fingerprint(one_tensor, 3, "gradlane", 0, ps::ReduceOp::kSum, GL_MODE_PS, 0,
+                        1ull << 20));
+}
+
+// With the policies' own 4 MiB partitions a 3 MiB tensor is one key, reduced by one daemon
+// while the other two only push and pull; the balance rule cuts it into three 1 MiB keys, one per
+// shard, and the result stays bit-exact.
+class BalancedKeysTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BalancedKeysTest, ASmallModelIsReducedByEveryShardBitExact) {
+  EngineOptions options = TestOptions(GetParam());
+  options.partition_bytes = 0;  // the policy's defaults: the balance rule applies
+  Cluster cluster(3, options, "bal-" + GetParam());
+  constexpr int kIterations = 3;
+  JobSpec job{
+      "bal-" + GetParam(), 3, GetParam(), "secret", {{"w", 3ull << 20, GL_DTYPE_F32, 0}}, 9};
+  RunJob(cluster, job, kIterations, /*mean=*/false);
+  for (int i = 0; i < 3; ++i) {
+    const EngineStats s = cluster.Stats(i);
+    EXPECT_EQ(s.jobs_failed, 0u) << "daemon " << i;
+    EXPECT_EQ(s.segments_rejected, 0u) << "daemon " << i;
+    // One 1 MiB key per shard and iteration.
+    EXPECT_EQ(s.rounds_reduced, static_cast<uint64_t>(kIterations)) << "daemon " << i;
+  }
+}
+
+// p3's 50,000-element slices are already fine enough to spread (unevenly: 16 keys on 3 shards).
+INSTANTIATE_TEST_SUITE_P(PoliciesWithPartitions, BalancedKeysTest,
+                         ::testing::Values("bytescheduler", "prophet", "gradlane"));
+
 class PolicyTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PolicyTest, ThreeRanksEveryDtypeAwkwardSizesBitExact) {

@@ -232,6 +232,7 @@ TEST(SimulatorTest, OneLayerTwoWorkersMatchesTheHandComputedIteration) {
       {"name": "w", "param_bytes": 1048576, "fwd_us": 1000, "bwd_us": 2000}]})");
   SimConfig c;
   c.workers = 2;
+  c.balance_shards = false;  // one key, one owner: the hand computation's premise
   c.bandwidth_bits_per_s = 1e9;
   c.overhead_ns = 50'000;
   c.latency_ns = 25'000;
@@ -276,6 +277,7 @@ TEST(SimulatorTest, OneLayerIdealBoundMatchesTheHandComputedFluidSchedule) {
       {"name": "w", "param_bytes": 1048576, "fwd_us": 1000, "bwd_us": 2000}]})");
   SimConfig c;
   c.workers = 2;
+  c.balance_shards = false;  // one key, one owner: the hand computation's premise
   c.bandwidth_bits_per_s = 1e9;
   c.overhead_ns = 50'000;
   c.latency_ns = 25'000;
@@ -288,6 +290,32 @@ TEST(SimulatorTest, OneLayerIdealBoundMatchesTheHandComputedFluidSchedule) {
   for (TimeNs t : ideal->iteration_ns) EXPECT_EQ(t, expected);
 }
 
+TEST(SimulatorTest, BalancedKeysSpreadASmallModelOverEveryShard) {
+  // One 3 MiB layer on three hosts: with 4 MiB keys one shard owns it all and its downlink
+  // carries two pushes (and its uplink two pulls); the balance rule gives each shard 1 MiB.
+  const ModelProfile p = MustParse(R"({"model": "one", "layers": [
+      {"name": "w", "param_bytes": 3145728, "fwd_us": 1000, "bwd_us": 2000}]})");
+  SimConfig c;
+  c.workers = 3;
+  c.bandwidth_bits_per_s = 1e9;
+  c.warmup_iterations = 1;
+  c.measured_iterations = 3;
+  EXPECT_EQ(ShardUnitBytes(p, c), 1u << 20);
+  absl::StatusOr<SimResult> balanced = SimulateIdeal(p, c);
+  c.balance_shards = false;
+  EXPECT_EQ(ShardUnitBytes(p, c), 4u << 20);
+  absl::StatusOr<SimResult> plain = SimulateIdeal(p, c);
+  ASSERT_TRUE(balanced.ok() && plain.ok());
+  // Plain: the owner's uplink sends two 3 MiB pulls (50.3 ms at 1 Gbit/s); balanced: every
+  // uplink sends two 1 MiB pushes and two 1 MiB pulls (33.6 ms).
+  EXPECT_GT(plain->mean_iteration_ns, 3'000'000 + 50'000'000);
+  EXPECT_LT(balanced->mean_iteration_ns, 3'000'000 + 34'000'000);
+  // All-reduce keeps its partition size: every partition is split W ways already.
+  c.balance_shards = true;
+  c.mode = SimMode::kAllReduce;
+  EXPECT_EQ(ShardUnitBytes(p, c), 4u << 20);
+}
+
 TEST(SimulatorTest, ForwardWaitsOnlyForItsOwnLayersPull) {
   // Layer 0 has no parameters, layer 1 has 4 MB (owned by shard 0). ByteScheduler §3.4: no
   // global barrier, so layer 0's 5 ms forward runs while layer 1's result is still coming back,
@@ -297,6 +325,7 @@ TEST(SimulatorTest, ForwardWaitsOnlyForItsOwnLayersPull) {
       {"name": "big", "param_bytes": 4000000, "fwd_us": 100, "bwd_us": 100}]})");
   SimConfig c;
   c.workers = 2;
+  c.balance_shards = false;  // one key, one owner: the hand computation's premise
   c.bandwidth_bits_per_s = 1e9;
   c.overhead_ns = 0;
   c.latency_ns = 0;
