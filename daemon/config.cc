@@ -19,7 +19,7 @@ ABSL_FLAG(absl::Duration, peer_timeout, absl::Seconds(10),
           "a peer that makes no progress for this long while work is pending is down");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(60),
           "how long a job keeps dialing peers that are not up (or do not know the job) yet");
-ABSL_FLAG(std::string, default_policy, "bytescheduler",
+ABSL_FLAG(std::string, default_policy, "gradlane",
           "scheduling policy for jobs that name none: fifo, p3, bytescheduler, prophet, "
           "gradlane");
 ABSL_FLAG(std::string, reduce, "sum", "reduction of the W contributions: sum or mean");

@@ -6,7 +6,7 @@
 //   --listen=HOST:PORT       peer port (default 0.0.0.0:7610; port 0 picks a free one)
 //   --peer_timeout=10s       a peer silent this long with work pending is down
 //   --connect_timeout=60s    how long a job waits for all its peers to come up
-//   --default_policy=bytescheduler   fifo | p3 | bytescheduler | prophet
+//   --default_policy=gradlane        fifo | p3 | bytescheduler | prophet | gradlane
 //   --reduce=sum|mean
 //   --allowed_uids= --allowed_gids=  comma-separated; both empty: the daemon's uid and root
 //   --arena_bytes            default per-session arena (0: the session server's default)

@@ -18,7 +18,7 @@ namespace gradlane::daemon {
 struct EngineOptions {
   SessionServerOptions sessions;
   transport::TransportOptions transport;
-  std::string default_policy = "bytescheduler";
+  std::string default_policy = "gradlane";
   uint64_t partition_bytes = 0;  // 0: each policy's default
   uint64_t credit_bytes = 0;     // 0: each policy's default
   ps::ReduceOp reduce = ps::ReduceOp::kSum;
