@@ -17,7 +17,7 @@ packages=(
   python3-matplotlib
   python3-torch dataset-fashion-mnist  # gradlane.torch and its training test (torch_exact)
   libtorch-dev pybind11-dev python3-dev  # the c10d backend (libclient/c10d)
-  clang libclang-rt-14-dev  # the fuzz step (libclang_rt.fuzzer) and the ThreadSanitizer pass
+  clang libclang-rt-14-dev  # the fuzz step (libclang_rt.fuzzer) and the sanitizer passes
   clang-format  # deploy/format.sh
   dpkg-dev debhelper dh-python lintian  # deploy/package.sh and the 'package' suite (debian/)
 )

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the whole test suite: once as a normal build,
-# once under AddressSanitizer + UndefinedBehaviorSanitizer (without the several-hundred-MB
+# once under AddressSanitizer + UndefinedBehaviorSanitizer, built with clang (without the several-hundred-MB
 # integration case, which the first pass already runs and which ASan only slows down), and
 # the threaded modules' tests (daemon, transport, shm, libclient) under ThreadSanitizer, built
 # with clang and its thread-safety analysis (-Werror=thread-safety).
@@ -61,10 +61,18 @@ if [[ "${1:-}" != "--quick" ]]; then
   fi
   ninja -C build-fuzz -j"$jobs" fuzz
   tests/fuzz/run.sh build-fuzz "${GRADLANE_FUZZ_SECONDS:-25}"
-  phase "build + tests under ASan/UBSan"
+  # Built with clang: it compiles this tree under the sanitizers in under half the time g++ takes
+  # (about 260 s against 560 s on 2 cores), and its UBSan also checks float-to-integer overflow.
+  phase "build + tests under ASan/UBSan (clang)"
+  # A build-sanitize configured with g++ (before this pass moved to clang) cannot switch compilers.
+  if [[ -f build-sanitize/build.ninja ]] && ! grep -A1 '^rule cpp_COMPILER$' build-sanitize/build.ninja | grep -q clang; then
+    rm -rf build-sanitize
+  fi
+  export CC=clang CXX=clang++
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_suite build-sanitize "--no-suite=integration-big --no-suite=soak --no-suite=package" -Db_sanitize=address,undefined -Db_lundef=false -Dbenchmarks=disabled -Dtorch=disabled \
       -Doptimization=1  # ASan's recommended level, and quicker to compile than -O2
+  unset CC CXX
   # The engine, the session server's acceptor, the admin and metrics threads and the clients
   # share counters, queues and rings: TSan checks the thread rules the comments state. DPDK is
   # left out (its lcore runtime is not instrumented), and so are the integration scripts.

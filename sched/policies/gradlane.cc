@@ -10,6 +10,13 @@ namespace {
 
 constexpr TimeNs kMinOverheadNs = kMicrosecond;  // θ = 0 would make every message free
 
+// Bytes that `bytes_per_s` moves in `ns`, saturated at 2^60: an unbounded link (the simulator's
+// "no network") gives products far beyond uint64_t, and converting those is undefined.
+uint64_t BytesIn(double bytes_per_s, TimeNs ns) {
+  const double bytes = bytes_per_s * static_cast<double>(std::max<TimeNs>(ns, 0)) / kSecond;
+  return bytes >= 1e18 ? uint64_t{1} << 60 : static_cast<uint64_t>(bytes);
+}
+
 }  // namespace
 
 TimeNs GradlaneMessageNs(TimeNs comm_per_iteration_ns, TimeNs per_message_ns, uint32_t peers) {
@@ -21,19 +28,17 @@ TimeNs GradlaneMessageNs(TimeNs comm_per_iteration_ns, TimeNs per_message_ns, ui
 }
 
 uint64_t GradlaneMessageBytes(double bytes_per_s, TimeNs message_ns) {
-  const double bytes = bytes_per_s * static_cast<double>(message_ns) / kSecond;
-  const uint64_t b = bytes >= 1e18 ? uint64_t{1} << 60 : static_cast<uint64_t>(bytes);
+  const uint64_t b = BytesIn(bytes_per_s, message_ns);
   return std::max(b - b % kGradlaneSliceAlignBytes, kGradlaneSliceAlignBytes);
 }
 
 uint64_t GradlaneChargeBytes(uint64_t bytes, double bytes_per_s, TimeNs per_message_ns) {
-  return bytes + static_cast<uint64_t>(bytes_per_s * static_cast<double>(per_message_ns) / kSecond);
+  return bytes + BytesIn(bytes_per_s, per_message_ns);
 }
 
 uint64_t GradlaneCreditBytes(double bytes_per_s, TimeNs rtt_min, uint64_t message_bytes,
                              TimeNs per_message_ns, uint32_t peers, uint64_t run_bytes) {
-  const uint64_t bdp = static_cast<uint64_t>(
-      bytes_per_s * static_cast<double>(std::max<TimeNs>(rtt_min, 0)) / kSecond);
+  const uint64_t bdp = BytesIn(bytes_per_s, rtt_min);
   const uint64_t p = std::max<uint32_t>(peers, 1);
   return bdp + 2 * (1 + p) * GradlaneChargeBytes(message_bytes, bytes_per_s, per_message_ns) +
          run_bytes / p * (p - 1);
