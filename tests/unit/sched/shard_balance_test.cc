@@ -35,10 +35,18 @@ TEST(ShardBalanceTest, HeaviestShardMatchesPieceByPieceLpt) {
     for (uint64_t& t : tensors) {
       // A mix of tiny, medium and multi-unit tensors, some exact multiples of the unit.
       switch (rng() % 4) {
-        case 0: t = 4 * (1 + rng() % 2000); break;
-        case 1: t = 4 * (1 + rng() % 500000); break;
-        case 2: t = unit * (1 + rng() % 12); break;
-        default: t = 4 * (1 + rng() % 8000000); break;
+        case 0:
+          t = 4 * (1 + rng() % 2000);
+          break;
+        case 1:
+          t = 4 * (1 + rng() % 500000);
+          break;
+        case 2:
+          t = unit * (1 + rng() % 12);
+          break;
+        default:
+          t = 4 * (1 + rng() % 8000000);
+          break;
       }
     }
     ASSERT_EQ(LptHeaviestShardBytes(tensors, unit, shards), NaiveLpt(tensors, unit, shards))
