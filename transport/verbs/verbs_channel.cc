@@ -71,9 +71,9 @@ uint32_t VerbsSender::credits() const {
   const uint64_t posted = LoadAcquire<uint64_t>(memory_.reply_region +
                                                 size_t{limits_.reply_entries} * kReplyEntryBytes);
   // A receiver never reports fewer receives than it has: a smaller value is not ours to trust.
-  return posted > forward_used_ ? static_cast<uint32_t>(std::min<uint64_t>(posted - forward_used_,
-                                                                            UINT32_MAX))
-                                : 0;
+  return posted > forward_used_
+             ? static_cast<uint32_t>(std::min<uint64_t>(posted - forward_used_, UINT32_MAX))
+             : 0;
 }
 
 absl::Status VerbsSender::Post(const OutgoingSegment& segment) {
@@ -165,11 +165,10 @@ int VerbsSender::Progress_st() {
     ReplyEntry e;
     std::memcpy(&e, at, sizeof(e));
     Pending& p = At(reply_seq_);
-    const bool well_formed = e.seq == static_cast<uint32_t>(reply_seq_) &&
-                             p.state == State::kHeaderSent &&
-                             (e.kind == static_cast<uint8_t>(ReplyKind::kRefuse) ||
-                              e.kind == static_cast<uint8_t>(p.eager ? ReplyKind::kAck
-                                                                     : ReplyKind::kClearToSend));
+    const bool well_formed =
+        e.seq == static_cast<uint32_t>(reply_seq_) && p.state == State::kHeaderSent &&
+        (e.kind == static_cast<uint8_t>(ReplyKind::kRefuse) ||
+         e.kind == static_cast<uint8_t>(p.eager ? ReplyKind::kAck : ReplyKind::kClearToSend));
     if (!well_formed) {
       Fail(absl::DataLossError(absl::StrCat("verbs: reply ", reply_seq_, " of kind ",
                                             static_cast<int>(e.kind),
@@ -332,10 +331,9 @@ void VerbsReceiver::OnReceive(const Completion& c) {
   if (static_cast<FrameType>(h.type) != FrameType::kData ||
       h.seq != static_cast<uint32_t>(expected_seq_) || (!eager && payload != 0) ||
       (!eager && h.length <= limits_.eager_max_bytes())) {
-    return Fail(absl::DataLossError(absl::StrCat("verbs: unexpected frame (type ", h.type, ", seq ",
-                                                 h.seq, ", ", payload, " payload bytes of ",
-                                                 h.length, ") where segment ", expected_seq_,
-                                                 " was due")));
+    return Fail(absl::DataLossError(absl::StrCat(
+        "verbs: unexpected frame (type ", h.type, ", seq ", h.seq, ", ", payload,
+        " payload bytes of ", h.length, ") where segment ", expected_seq_, " was due")));
   }
   const uint64_t seq = expected_seq_++;
   const SegmentTarget target = events_.ResolveSegment_st(h);
@@ -377,8 +375,7 @@ int VerbsReceiver::Flush_st() {
   auto room = [this] { return sq_posted_ - sq_completed_ < limits_.send_queue_depth; };
   auto post_write = [&](const void* value, uint32_t bytes, uint64_t remote) -> bool {
     // The staging slot of request n was last read by request n - depth, complete once room.
-    uint8_t* staged =
-        memory_.staging + (sq_posted_ % limits_.send_queue_depth) * kReplyEntryBytes;
+    uint8_t* staged = memory_.staging + (sq_posted_ % limits_.send_queue_depth) * kReplyEntryBytes;
     std::memcpy(staged, value, bytes);
     SendWork w;
     w.wr_id = sq_posted_;

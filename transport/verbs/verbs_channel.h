@@ -39,11 +39,11 @@
 namespace gradlane::transport::verbs {
 
 struct ChannelLimits {
-  uint32_t recv_slots = 64;        // receives the receiver keeps posted (the sender's credits)
-  uint32_t slot_bytes = 8256;      // FrameHeader + up to 8 KiB eager payload
-  uint32_t reply_entries = 256;    // sender's reply ring; also its most pending segments
-  uint32_t send_queue_depth = 128; // send-queue requests outstanding per queue pair
-  uint32_t signal_every = 16;      // signal one send-queue request in this many
+  uint32_t recv_slots = 64;         // receives the receiver keeps posted (the sender's credits)
+  uint32_t slot_bytes = 8256;       // FrameHeader + up to 8 KiB eager payload
+  uint32_t reply_entries = 256;     // sender's reply ring; also its most pending segments
+  uint32_t send_queue_depth = 128;  // send-queue requests outstanding per queue pair
+  uint32_t signal_every = 16;       // signal one send-queue request in this many
   uint64_t max_segment_bytes = 256ull << 20;
 
   uint32_t eager_max_bytes() const { return slot_bytes - static_cast<uint32_t>(kFrameHeaderBytes); }

@@ -61,17 +61,17 @@ struct RecvWork {
 
 enum class CompletionStatus : uint8_t {
   kSuccess = 0,
-  kFlushed = 1,             // the queue pair was already in error (IBV_WC_WR_FLUSH_ERR)
-  kRemoteAccessError = 2,   // bad rkey or range at the target (IBV_WC_REM_ACCESS_ERR)
-  kReceiverNotReady = 3,    // no posted receive, retries exhausted (IBV_WC_RNR_RETRY_EXC_ERR)
-  kRetryExceeded = 4,       // the peer stopped answering (IBV_WC_RETRY_EXC_ERR)
-  kLocalError = 5,          // anything else (length, protection, ...)
+  kFlushed = 1,            // the queue pair was already in error (IBV_WC_WR_FLUSH_ERR)
+  kRemoteAccessError = 2,  // bad rkey or range at the target (IBV_WC_REM_ACCESS_ERR)
+  kReceiverNotReady = 3,   // no posted receive, retries exhausted (IBV_WC_RNR_RETRY_EXC_ERR)
+  kRetryExceeded = 4,      // the peer stopped answering (IBV_WC_RETRY_EXC_ERR)
+  kLocalError = 5,         // anything else (length, protection, ...)
 };
 
 enum class CompletionKind : uint8_t {
-  kSend = 0,          // a signaled send-queue request (any WorkOp), or an error/flush of one
-  kRecv = 1,          // a SEND arrived in a posted receive
-  kRecvWithImm = 2,   // a WRITE with immediate landed; the receive holds no bytes
+  kSend = 0,         // a signaled send-queue request (any WorkOp), or an error/flush of one
+  kRecv = 1,         // a SEND arrived in a posted receive
+  kRecvWithImm = 2,  // a WRITE with immediate landed; the receive holds no bytes
 };
 
 struct Completion {

@@ -34,15 +34,15 @@ enum class ReplyKind : uint8_t {
 // order, so a stamp that matches means the entry before it is whole) and accepts the entry
 // when stamp == seq + 1 (never 0, so a zeroed ring holds no reply).
 struct ReplyEntry {
-  uint32_t seq;       // 0  the segment's FrameHeader::seq
-  uint8_t kind;       // 4  ReplyKind
-  uint8_t reserved0;  // 5  zero
-  uint16_t reserved1; // 6  zero
-  uint64_t addr;      // 8  kClearToSend: target address in the receiver's registered memory
-  uint32_t rkey;      // 16 kClearToSend: its remote key
-  uint32_t reserved2; // 20 zero
-  uint32_t reserved3; // 24 zero
-  uint32_t stamp;     // 28 seq + 1, written last
+  uint32_t seq;        // 0  the segment's FrameHeader::seq
+  uint8_t kind;        // 4  ReplyKind
+  uint8_t reserved0;   // 5  zero
+  uint16_t reserved1;  // 6  zero
+  uint64_t addr;       // 8  kClearToSend: target address in the receiver's registered memory
+  uint32_t rkey;       // 16 kClearToSend: its remote key
+  uint32_t reserved2;  // 20 zero
+  uint32_t reserved3;  // 24 zero
+  uint32_t stamp;      // 28 seq + 1, written last
 };
 inline constexpr size_t kReplyEntryBytes = 32;
 static_assert(sizeof(ReplyEntry) == kReplyEntryBytes);
@@ -66,16 +66,16 @@ inline constexpr size_t ReplyRegionBytes(uint32_t entries) {
 // The verbs fields each side adds to the TCP hello / hello-ok (transport/common/hello.h) before
 // both move their queue pair to ready-to-send.
 struct VerbsHello {
-  uint32_t qp_num;          // 0  this side's queue pair number
-  uint32_t psn;             // 4  its initial packet sequence number (24 bits)
-  uint8_t gid[16];          // 8  its port GID (RoCE: the IPv4-mapped or IPv6 address)
-  uint8_t gid_index;        // 24 GID table index used
-  uint8_t mtu;              // 25 path MTU as ibv_mtu (1 = 256 ... 5 = 4096)
-  uint16_t recv_slots;      // 26 receives posted for the peer's forward work at the start
-  uint32_t slot_bytes;      // 28 bytes of each receive slot (FrameHeader + eager payload)
-  uint64_t reply_addr;      // 32 sender: its reply region (0 on the receiver's side)
-  uint32_t reply_rkey;      // 40
-  uint32_t reply_entries;   // 44 ReplyEntry count of that region (a power of two)
+  uint32_t qp_num;         // 0  this side's queue pair number
+  uint32_t psn;            // 4  its initial packet sequence number (24 bits)
+  uint8_t gid[16];         // 8  its port GID (RoCE: the IPv4-mapped or IPv6 address)
+  uint8_t gid_index;       // 24 GID table index used
+  uint8_t mtu;             // 25 path MTU as ibv_mtu (1 = 256 ... 5 = 4096)
+  uint16_t recv_slots;     // 26 receives posted for the peer's forward work at the start
+  uint32_t slot_bytes;     // 28 bytes of each receive slot (FrameHeader + eager payload)
+  uint64_t reply_addr;     // 32 sender: its reply region (0 on the receiver's side)
+  uint32_t reply_rkey;     // 40
+  uint32_t reply_entries;  // 44 ReplyEntry count of that region (a power of two)
 };
 inline constexpr size_t kVerbsHelloBytes = 48;
 static_assert(sizeof(VerbsHello) == kVerbsHelloBytes);

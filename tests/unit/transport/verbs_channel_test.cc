@@ -227,7 +227,8 @@ TEST(VerbsChannelTest, CreditsAreThePostedReceivesNeverAnRnr) {
 TEST(VerbsChannelTest, SignalsOneRequestInNAndEveryWrite) {
   Link link(SmallLimits(), 1 << 20);
   for (int batch = 0; batch < 5; ++batch) {
-    for (int i = 0; i < 8; ++i) ASSERT_TRUE(link.Post(batch * 8 + i, (batch * 8 + i) * 16, 16).ok());
+    for (int i = 0; i < 8; ++i)
+      ASSERT_TRUE(link.Post(batch * 8 + i, (batch * 8 + i) * 16, 16).ok());
     link.Settle();
   }
   // 40 eager SENDs, one signaled in four.
@@ -244,10 +245,10 @@ TEST(VerbsChannelTest, SignalsOneRequestInNAndEveryWrite) {
 TEST(VerbsChannelTest, RefusedSegmentsFailInOrderAndTheRestArrive) {
   Link link(SmallLimits(), 1 << 20);
   link.receiver_log_.refuse_keys = {1, 3};
-  ASSERT_TRUE(link.Post(0, 0, 100).ok());        // eager
-  ASSERT_TRUE(link.Post(1, 100, 5000).ok());     // rendezvous, refused: never written
-  ASSERT_TRUE(link.Post(2, 5100, 5000).ok());    // rendezvous
-  ASSERT_TRUE(link.Post(3, 10100, 10).ok());     // eager, refused
+  ASSERT_TRUE(link.Post(0, 0, 100).ok());      // eager
+  ASSERT_TRUE(link.Post(1, 100, 5000).ok());   // rendezvous, refused: never written
+  ASSERT_TRUE(link.Post(2, 5100, 5000).ok());  // rendezvous
+  ASSERT_TRUE(link.Post(3, 10100, 10).ok());   // eager, refused
   ASSERT_TRUE(link.Post(4, 10110, 10).ok());
   link.Settle();
   EXPECT_EQ(link.sender_log_.acked, (std::vector<uint64_t>{0, 2, 4}));

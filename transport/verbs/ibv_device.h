@@ -1,0 +1,123 @@
+// transport/verbs/ibv_device.h — the verbs protocol's QueuePair on a real RDMA device, through
+// rdma-core's libibverbs: one opened port with its protection domain and one completion queue
+// (with a completion channel the engine can sleep on), memory registrations, and RC queue pairs
+// moved to ready-to-send from the peer's VerbsHello.
+//
+// Why one completion queue for every queue pair: the engine polls one queue per round whatever
+// the number of peers, and routes each completion to its channel by queue pair number.
+// RoCE needs a GID: `gid_index` picks the entry of the port's GID table (soft-RoCE on an IPv4
+// interface: index 1 is the RoCEv2 IPv4-mapped address).
+//
+// Thread rules: an IbvDevice and its queue pairs belong to one thread (the engine's); memory may
+// be registered from another thread (libibverbs is thread-safe), as the transport will to keep
+// registration off the engine thread. Ownership: the device outlives its queue pairs and
+// registrations (destroy them first).
+// Built only where libibverbs is found (meson option `verbs`).
+#ifndef GRADLANE_TRANSPORT_VERBS_IBV_DEVICE_H_
+#define GRADLANE_TRANSPORT_VERBS_IBV_DEVICE_H_
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "transport/verbs/verbs_queue_pair.h"
+#include "transport/verbs/verbs_wire.h"
+
+namespace gradlane::transport::verbs {
+
+// A registered memory region; deregistered when destroyed.
+class IbvMemory {
+ public:
+  ~IbvMemory();
+  IbvMemory(const IbvMemory&) = delete;
+  IbvMemory& operator=(const IbvMemory&) = delete;
+  uint32_t lkey() const { return mr_->lkey; }
+  uint32_t rkey() const { return mr_->rkey; }
+  uint8_t* base() const { return static_cast<uint8_t*>(mr_->addr); }
+  uint64_t bytes() const { return mr_->length; }
+
+ private:
+  friend class IbvDevice;
+  explicit IbvMemory(ibv_mr* mr) : mr_(mr) {}
+  ibv_mr* mr_;
+};
+
+class IbvQueuePair final : public QueuePair {
+ public:
+  ~IbvQueuePair() override;
+  IbvQueuePair(const IbvQueuePair&) = delete;
+  IbvQueuePair& operator=(const IbvQueuePair&) = delete;
+
+  absl::Status PostSend(const SendWork& work) override;
+  absl::Status PostRecv(const RecvWork& work) override;
+
+  uint32_t qp_num() const { return qp_->qp_num; }
+  // This side's handshake fields (reply region fields left to the caller).
+  VerbsHello LocalHello() const;
+  // RESET → INIT → RTR → RTS towards the peer that sent `peer`.
+  absl::Status Connect(const VerbsHello& peer);
+
+ private:
+  friend class IbvDevice;
+  IbvQueuePair(ibv_qp* qp, const class IbvDevice& device, uint32_t psn)
+      : qp_(qp), device_(device), psn_(psn) {}
+  ibv_qp* qp_;
+  const IbvDevice& device_;
+  uint32_t psn_;
+};
+
+// A completion with the queue pair it belongs to.
+struct RoutedCompletion {
+  uint32_t qp_num = 0;
+  Completion completion;
+};
+
+class IbvDevice {
+ public:
+  // Opens `name` (empty: the first device found) at `port`. NotFound when there is no RDMA
+  // device (the message says how to get soft-RoCE), FailedPrecondition when the port is down.
+  static absl::StatusOr<std::unique_ptr<IbvDevice>> Open(std::string_view name, uint8_t port,
+                                                         int gid_index, int cq_depth = 4096);
+  ~IbvDevice();
+  IbvDevice(const IbvDevice&) = delete;
+  IbvDevice& operator=(const IbvDevice&) = delete;
+
+  absl::StatusOr<std::unique_ptr<IbvMemory>> Register(void* base, uint64_t bytes,
+                                                       bool remote_write);
+  absl::StatusOr<std::unique_ptr<IbvQueuePair>> CreateQueuePair(uint32_t send_depth,
+                                                                uint32_t recv_depth);
+  // Polls up to out.size() completions; returns how many, or an error if the queue failed.
+  absl::StatusOr<size_t> Poll(std::span<RoutedCompletion> out);
+  // The completion channel's descriptor (readable after ArmCompletionEvent once a completion
+  // arrives) and the re-arm after reading it.
+  int completion_fd() const;
+  absl::Status ArmCompletionEvent();
+  void AckCompletionEvents();
+
+  std::string name() const;
+  uint8_t port() const { return port_; }
+  int gid_index() const { return gid_index_; }
+  const ibv_gid& gid() const { return gid_; }
+  ibv_mtu active_mtu() const { return active_mtu_; }
+
+ private:
+  IbvDevice() = default;
+  ibv_context* context_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  ibv_comp_channel* channel_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  uint8_t port_ = 1;
+  int gid_index_ = 0;
+  ibv_gid gid_{};
+  ibv_mtu active_mtu_ = IBV_MTU_1024;
+};
+
+}  // namespace gradlane::transport::verbs
+
+#endif  // GRADLANE_TRANSPORT_VERBS_IBV_DEVICE_H_
