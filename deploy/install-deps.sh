@@ -4,8 +4,6 @@
 #   deploy/install-deps.sh            build + test dependencies
 #   deploy/install-deps.sh --profiles also python3-torchvision (only to regenerate
 #                                     tests/data/models/*.json; not needed to build or test)
-#   deploy/install-deps.sh --rxe      also what tests/rxe/rxe-guest.sh needs (a QEMU guest with
-#                                     soft-RoCE; about 25 packages, 15 s; not needed otherwise)
 set -euo pipefail
 
 packages=(
@@ -22,11 +20,13 @@ packages=(
   clang libclang-rt-14-dev  # the fuzz step (libclang_rt.fuzzer) and the sanitizer passes
   clang-format  # deploy/format.sh
   dpkg-dev debhelper dh-python lintian  # deploy/package.sh and the 'package' suite (debian/)
+  # tests/rxe/rxe-guest.sh (the 'rxe' suite): a QEMU guest with soft-RoCE; perftest's
+  # ib_write_bw is the verbs baseline (docs/verbs.md)
+  qemu-system-x86 busybox-static ibverbs-utils perftest
 )
 for arg in "$@"; do
   case $arg in
     --profiles) packages+=(python3-torchvision libopenblas0-openmp) ;;
-    --rxe) packages+=(qemu-system-x86 busybox-static ibverbs-utils perftest) ;;
     *) echo "install-deps: unknown option $arg" >&2; exit 2 ;;
   esac
 done
