@@ -570,7 +570,7 @@ void JobRuntime::OnRecvDone_st(const transport::PeerInfo& peer, const transport:
     return;
   }
   if (h.direction == static_cast<uint8_t>(sched::Direction::kPush)) {
-    if (p->owned >= 0) shard_.OnPushDone_st(*p, r);
+    if (p->owned >= 0) shard_.OnPushDone_st(*p, r, h.length);
     return;
   }
   worker_.OnResultPlaced_st(*p, h.length);

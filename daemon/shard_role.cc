@@ -20,6 +20,7 @@ absl::Status ShardRole::SetUp_st(std::vector<OwnedPart> owned, uint64_t slab_byt
   const size_t w = job_.world();
   got_.assign(owned_.size() * w, 0);
   placed_.assign(owned_.size() * w, 0);
+  landed_.assign(owned_.size() * w, 0);
   slab_bytes_ = slab_bytes;
   if (slab_bytes_ == 0) return absl::OkStatus();
   slab_.reset(new (std::nothrow) std::byte[slab_bytes_]);
@@ -42,6 +43,10 @@ void ShardRole::Release_st() {
 
 uint64_t& ShardRole::Got(const OwnedPart& o, uint32_t rank) {
   return got_[static_cast<size_t>(&o - owned_.data()) * job_.world() + rank];
+}
+
+uint64_t& ShardRole::Landed(const OwnedPart& o, uint32_t rank) {
+  return landed_[static_cast<size_t>(&o - owned_.data()) * job_.world() + rank];
 }
 
 uint64_t& ShardRole::Placed(const OwnedPart& o, uint32_t rank) {
@@ -81,6 +86,7 @@ bool ShardRole::Accept_st(OwnedPart& o, uint32_t rank, int64_t iteration, uint64
     for (uint32_t r = 0; r < job_.world(); ++r) {
       Got(o, r) = 0;
       Placed(o, r) = 0;
+      Landed(o, r) = 0;
     }
   }
   uint64_t& got = Got(o, rank);
@@ -89,11 +95,13 @@ bool ShardRole::Accept_st(OwnedPart& o, uint32_t rank, int64_t iteration, uint64
   return true;
 }
 
-void ShardRole::OnContributed_st(OwnedPart& o, uint32_t rank) {
-  // Frames of one rank are resolved and placed one after another (and a post's bytes are
-  // taken at once), so when its taken bytes reach the partition's length this was its last
-  // piece.
-  if (Got(o, rank) != job_.plan().parts[o.part].length) return;
+void ShardRole::OnContributed_st(OwnedPart& o, uint32_t rank, uint64_t bytes) {
+  // Counted when the bytes are in place, not when their header was accepted: a transport may
+  // accept a rank's next frame before the previous one has landed (verbs resolves every header
+  // as it arrives and the payloads are written later).
+  uint64_t& landed = Landed(o, rank);
+  landed += bytes;
+  if (landed != job_.plan().parts[o.part].length) return;
   if (++o.ranks_complete == job_.world()) TryReduce_st(o);
 }
 

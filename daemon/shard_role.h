@@ -45,16 +45,19 @@ class ShardRole {
   // the local client's post). Opens the round when it is the first; false when it does not
   // fit the round (the frame is refused, or the post fails the job).
   bool Accept_st(OwnedPart& o, uint32_t rank, int64_t iteration, uint64_t length);
-  // Rank `rank`'s contribution to `o` may be complete: reduces when all W are.
-  void OnContributed_st(OwnedPart& o, uint32_t rank);
+  // `bytes` more of rank `rank`'s contribution to `o` are in place: reduces when all W are
+  // complete.
+  void OnContributed_st(OwnedPart& o, uint32_t rank, uint64_t bytes);
   // Where a push from `rank` lands (Accept_st has taken it).
   transport::RecvTarget PushTarget_st(OwnedPart& o, uint32_t rank,
                                       const transport::FrameHeader& header, uint64_t cookie);
   // A push's payload in pieces (transports that hand packets over): folds or places each.
   void OnPushPiece_st(uint32_t rank, const transport::FrameHeader& header, uint64_t segment_offset,
                       std::span<const uint8_t> bytes);
-  // A push from `rank` was placed whole.
-  void OnPushDone_st(Part& part, uint32_t rank) { OnContributed_st(owned_[part.owned], rank); }
+  // A push of `bytes` from `rank` was placed whole.
+  void OnPushDone_st(Part& part, uint32_t rank, uint64_t bytes) {
+    OnContributed_st(owned_[part.owned], rank, bytes);
+  }
   // `bytes` of the pull responses of `part` were acknowledged: the result slot may be reused.
   void OnPullAcked_st(const Part& part, uint64_t bytes);
   // Where the pull responses of `part` are sent from.
@@ -77,6 +80,8 @@ class ShardRole {
   // Bytes of rank r's push this round, and how much of it is contiguous in its slot.
   uint64_t& Got(const OwnedPart& o, uint32_t rank);
   uint64_t& Placed(const OwnedPart& o, uint32_t rank);
+  // Bytes of rank r's contribution this round that are in place (OnContributed_st).
+  uint64_t& Landed(const OwnedPart& o, uint32_t rank);
   void TryReduce_st(OwnedPart& o);
   // Whether the rank now sending can be folded in as it arrives: every other contribution is
   // complete and the result slot is free (see OwnedPart::folding_rank).
@@ -94,6 +99,7 @@ class ShardRole {
   // elsewhere): what folding must catch up on when it starts mid-stream.
   std::vector<uint64_t> got_;
   std::vector<uint64_t> placed_;
+  std::vector<uint64_t> landed_;
   static constexpr uint64_t kNotContiguous = ~uint64_t{0};
   std::unique_ptr<std::byte[]> slab_;
   uint64_t slab_bytes_ = 0;

@@ -90,7 +90,7 @@ void WorkerRole::OnPost_st(const PostDescriptor& post, TimeNs now) {
         return;
       }
       o.priority = std::min(o.priority, prio);
-      shard.OnContributed_st(o, job_.rank());
+      shard.OnContributed_st(o, job_.rank(), hi - lo);
     } else {
       sched::ReadyRange r;
       r.tensor_id = post.tensor_id;
