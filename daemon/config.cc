@@ -50,7 +50,16 @@ ABSL_FLAG(uint32_t, max_unauthenticated_peers, 32,
 ABSL_FLAG(bool, autotune, false,
           "bytescheduler: tune the credit window online with Bayesian optimisation");
 ABSL_FLAG(std::string, transport, "tcp",
-          "peer transport: tcp (kernel sockets) or dpdk (kernel bypass)");
+          "peer transport: tcp (kernel sockets), dpdk (kernel bypass) or verbs (RDMA)");
+ABSL_FLAG(std::string, verbs_device, "", "--transport=verbs: RDMA device (empty: the first)");
+ABSL_FLAG(int, verbs_port, 1, "--transport=verbs: the device's port");
+ABSL_FLAG(uint32_t, verbs_recv_slots, 64,
+          "--transport=verbs: receives each connection keeps posted (the sender's credits)");
+ABSL_FLAG(uint32_t, verbs_eager_bytes, 8192,
+          "--transport=verbs: largest segment sent with its header (eager); larger ones are "
+          "written by RDMA into the receiver's target");
+ABSL_FLAG(int, verbs_gid_index, 1,
+          "--transport=verbs: GID table index (soft-RoCE on IPv4: 1; show_gids lists a NIC's)");
 ABSL_FLAG(std::string, dpdk_eal_args, "",
           "dpdk: verbatim EAL arguments (space-separated); overrides the other --dpdk_ EAL flags");
 ABSL_FLAG(std::string, dpdk_vdev, "",
@@ -138,9 +147,34 @@ absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view
 absl::StatusOr<TransportChoice> TransportFromFlags() {
   TransportChoice t;
   t.name = absl::GetFlag(FLAGS_transport);
-  if (t.name != "tcp" && t.name != "dpdk") {
+  if (t.name != "tcp" && t.name != "dpdk" && t.name != "verbs") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--transport: '", t.name, "' (expected tcp or dpdk)"));
+        absl::StrCat("--transport: '", t.name, "' (expected tcp, dpdk or verbs)"));
+  }
+  t.verbs.device = absl::GetFlag(FLAGS_verbs_device);
+  const int verbs_port = absl::GetFlag(FLAGS_verbs_port);
+  t.verbs.gid_index = absl::GetFlag(FLAGS_verbs_gid_index);
+  if (t.name == "verbs") {
+    if (verbs_port < 1 || verbs_port > 255) {
+      return absl::InvalidArgumentError("--verbs_port must be in [1, 255]");
+    }
+    if (t.verbs.gid_index < 0 || t.verbs.gid_index > 255) {
+      return absl::InvalidArgumentError("--verbs_gid_index must be in [0, 255]");
+    }
+    t.verbs.port = static_cast<uint8_t>(verbs_port);
+    const uint32_t slots = absl::GetFlag(FLAGS_verbs_recv_slots);
+    const uint32_t eager = absl::GetFlag(FLAGS_verbs_eager_bytes);
+    if (slots < 2 || slots > 4096) {
+      return absl::InvalidArgumentError("--verbs_recv_slots must be in [2, 4096]");
+    }
+    // Control frames (the manifest, a departure) must go eagerly: the engine resolves a
+    // connection's later frames only once they are in.
+    if (eager < 256 || eager > (1u << 20)) {
+      return absl::InvalidArgumentError("--verbs_eager_bytes must be in [256, 1 MiB]");
+    }
+    t.verbs.limits.recv_slots = slots;
+    t.verbs.limits.slot_bytes = static_cast<uint32_t>(transport::kFrameHeaderBytes) + eager;
+    return t;
   }
   transport::dpdk::DpdkOptions& d = t.dpdk;
   d.eal_args = absl::GetFlag(FLAGS_dpdk_eal_args);

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "daemon/engine.h"
 #include "transport/dpdk/dpdk_transport.h"
+#include "transport/verbs/verbs_options.h"
 
 namespace gradlane::daemon {
 
@@ -36,10 +37,12 @@ absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view
 // Reads the gradlaned flags (after absl::ParseCommandLine) into engine options.
 absl::StatusOr<EngineOptions> OptionsFromFlags();
 
-// --transport=tcp|dpdk and, for dpdk, the --dpdk_* flags (EAL, port, address, faults).
+// --transport=tcp|dpdk|verbs and, for dpdk, the --dpdk_* flags (EAL, port, address, faults),
+// for verbs the --verbs_* flags (device, port, GID index).
 struct TransportChoice {
   std::string name = "tcp";
   transport::dpdk::DpdkOptions dpdk;
+  transport::verbs::VerbsOptions verbs;
 };
 absl::StatusOr<TransportChoice> TransportFromFlags();
 

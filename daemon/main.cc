@@ -30,6 +30,9 @@
 #include "daemon/ops.h"
 #include "transport/dpdk/dpdk_transport.h"
 #include "transport/tcp/tcp_transport.h"
+#ifdef GRADLANE_HAVE_VERBS
+#include "transport/verbs/verbs_transport.h"
+#endif
 
 namespace {
 
@@ -111,6 +114,24 @@ int main(int argc, char** argv) {
 #else
     Die("--transport=dpdk: this gradlaned was built without DPDK (meson -Ddpdk=enabled, "
         "libdpdk-dev)");
+#endif
+  }
+  if (transport->name == "verbs") {
+#ifdef GRADLANE_HAVE_VERBS
+    make_transport =
+        [verbs = transport->verbs](const gradlane::transport::TransportOptions& o,
+                                   gradlane::transport::TransportHandler* h) -> TransportOrError {
+      auto t = gradlane::transport::verbs::VerbsTransport::Create(o, verbs, h);
+      if (t.ok()) {
+        gradlane::daemon::LogLine(absl::StrCat("verbs: device ", (*t)->device().name(), " port ",
+                                               (*t)->device().port(), " GID index ",
+                                               (*t)->device().gid_index()));
+      }
+      return t;
+    };
+#else
+    Die("--transport=verbs: this gradlaned was built without rdma-core (meson -Dverbs=enabled, "
+        "libibverbs-dev)");
 #endif
   }
   {

@@ -17,7 +17,8 @@
 #   gl_shape RATE                 (re)shape every link ("": unshaped)
 #   gl_daemon_start I [FLAGS...]  start gradlaned on host I; waits for its ready line; sets
 #                                 GL_SOCK[I], GL_ADDR[I] (host:port), GL_DPID[I]
-#                                 (GL_TRANSPORT=dpdk: over DPDK net_af_packet, gl_dpdk_flags)
+#                                 (GL_TRANSPORT=dpdk: over DPDK net_af_packet, gl_dpdk_flags;
+#                                 GL_TRANSPORT=verbs: RDMA, + GL_VERBS_FLAGS)
 #   gl_daemon_stop I [SIGNAL]     signal (default TERM) and reap, bounded
 #   gl_peers                      "addr0,addr1,..." of the running daemons
 #   gl_bg I NAME CMD...           run CMD in host I in the background, output in
@@ -267,6 +268,8 @@ gl_daemon_start() {
   rm -f "$sock"
   local transport=()
   [[ ${GL_TRANSPORT:-tcp} == dpdk ]] && transport=($(gl_dpdk_flags "$i"))
+  # Verbs: every host's daemon on the one RDMA device (soft-RoCE on lo in tests/rxe's guest).
+  [[ ${GL_TRANSPORT:-tcp} == verbs ]] && transport=(--transport=verbs ${GL_VERBS_FLAGS:-})
   gl_bg "$i" "$name" "$GL_DAEMON" --socket="$sock" --listen="${GL_IP[i]}:0" "$@" "${transport[@]}"
   pid=${GL_PID[$name]}
   unset "GL_PID[$name]"

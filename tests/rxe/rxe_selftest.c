@@ -21,26 +21,26 @@
 #include <time.h>
 #include <unistd.h>
 
-#define REGION (1u << 20)       // the memfd: first half source, second half destination
+#define REGION (1u << 20)  // the memfd: first half source, second half destination
 #define HALF (REGION / 2)
 #define IMM 0xC0FFEE42u
 
 static int failures;
-#define CHECK(cond, ...)                                   \
-  do {                                                     \
-    if (cond) {                                            \
-      printf("ok    " __VA_ARGS__);                        \
-    } else {                                               \
-      printf("FAIL  " __VA_ARGS__);                        \
-      failures++;                                          \
-    }                                                      \
-    printf("\n");                                          \
+#define CHECK(cond, ...) \
+  do { \
+    if (cond) { \
+      printf("ok    " __VA_ARGS__); \
+    } else { \
+      printf("FAIL  " __VA_ARGS__); \
+      failures++; \
+    } \
+    printf("\n"); \
   } while (0)
-#define DIE(...)                         \
-  do {                                   \
-    printf("FAIL  " __VA_ARGS__);        \
+#define DIE(...) \
+  do { \
+    printf("FAIL  " __VA_ARGS__); \
     printf(" (errno %d: %s)\n", errno, strerror(errno)); \
-    exit(1);                             \
+    exit(1); \
   } while (0)
 
 static double now(void) {
@@ -50,7 +50,7 @@ static double now(void) {
 }
 
 // One completion from cq, or exit after 10 s.
-static struct ibv_wc poll_one(struct ibv_cq *cq, const char *what) {
+static struct ibv_wc poll_one(struct ibv_cq* cq, const char* what) {
   struct ibv_wc wc;
   double deadline = now() + 10;
   for (;;) {
@@ -64,8 +64,8 @@ static struct ibv_wc poll_one(struct ibv_cq *cq, const char *what) {
   }
 }
 
-static void connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, uint8_t port, int gid_index,
-                       const union ibv_gid *gid, enum ibv_mtu mtu) {
+static void connect_qp(struct ibv_qp* qp, uint32_t remote_qpn, uint8_t port, int gid_index,
+                       const union ibv_gid* gid, enum ibv_mtu mtu) {
   struct ibv_qp_attr a;
   memset(&a, 0, sizeof a);
   a.qp_state = IBV_QPS_INIT;
@@ -105,20 +105,20 @@ static void connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, uint8_t port, int
     DIE("QP %u -> RTS", qp->qp_num);
 }
 
-int main(int argc, char **argv) {
-  const char *want = argc > 1 ? argv[1] : NULL;
+int main(int argc, char** argv) {
+  const char* want = argc > 1 ? argv[1] : NULL;
   int gid_index = argc > 2 ? atoi(argv[2]) : 1;
   const uint8_t port = 1;
   setvbuf(stdout, NULL, _IOLBF, 0);
 
   int ndev = 0;
-  struct ibv_device **devs = ibv_get_device_list(&ndev);
+  struct ibv_device** devs = ibv_get_device_list(&ndev);
   if (!devs || ndev == 0) DIE("ibv_get_device_list: no verbs device (provider missing?)");
-  struct ibv_device *dev = NULL;
+  struct ibv_device* dev = NULL;
   for (int i = 0; i < ndev && !dev; i++)
     if (!want || strcmp(ibv_get_device_name(devs[i]), want) == 0) dev = devs[i];
   if (!dev) DIE("no device named %s", want);
-  struct ibv_context *ctx = ibv_open_device(dev);
+  struct ibv_context* ctx = ibv_open_device(dev);
   if (!ctx) DIE("ibv_open_device %s", ibv_get_device_name(dev));
   printf("ok    opened %s (%d device(s))\n", ibv_get_device_name(dev), ndev);
 
@@ -136,22 +136,21 @@ int main(int argc, char **argv) {
   int fd = memfd_create("rxe_selftest", MFD_CLOEXEC);
   if (fd < 0) DIE("memfd_create");
   if (ftruncate(fd, REGION)) DIE("ftruncate");
-  uint8_t *buf = mmap(NULL, REGION, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  uint8_t *view = mmap(NULL, REGION, PROT_READ, MAP_SHARED, fd, 0);  // a second mapping
+  uint8_t* buf = mmap(NULL, REGION, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  uint8_t* view = mmap(NULL, REGION, PROT_READ, MAP_SHARED, fd, 0);  // a second mapping
   if (buf == MAP_FAILED || view == MAP_FAILED) DIE("mmap memfd");
   for (uint32_t i = 0; i < HALF; i++) buf[i] = (uint8_t)(i * 7 + (i >> 11) + 1);
   memset(buf + HALF, 0, HALF);
 
-  struct ibv_pd *pd = ibv_alloc_pd(ctx);
+  struct ibv_pd* pd = ibv_alloc_pd(ctx);
   if (!pd) DIE("ibv_alloc_pd");
-  struct ibv_mr *mr = ibv_reg_mr(pd, buf, REGION,
-                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  struct ibv_mr* mr = ibv_reg_mr(pd, buf, REGION, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   CHECK(mr != NULL, "ibv_reg_mr on a 1 MiB memfd mapping (lkey 0x%x rkey 0x%x)", mr ? mr->lkey : 0,
         mr ? mr->rkey : 0);
   if (!mr) DIE("ibv_reg_mr");
 
-  struct ibv_cq *scq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-  struct ibv_cq *rcq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+  struct ibv_cq* scq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+  struct ibv_cq* rcq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
   if (!scq || !rcq) DIE("ibv_create_cq");
   struct ibv_qp_init_attr qia;
   memset(&qia, 0, sizeof qia);
@@ -162,8 +161,8 @@ int main(int argc, char **argv) {
   qia.cap.max_recv_sge = 1;
   qia.send_cq = scq;
   qia.recv_cq = rcq;
-  struct ibv_qp *a = ibv_create_qp(pd, &qia);
-  struct ibv_qp *b = ibv_create_qp(pd, &qia);
+  struct ibv_qp* a = ibv_create_qp(pd, &qia);
+  struct ibv_qp* b = ibv_create_qp(pd, &qia);
   if (!a || !b) DIE("ibv_create_qp");
   connect_qp(a, b->qp_num, port, gid_index, &gid, pa.active_mtu);
   connect_qp(b, a->qp_num, port, gid_index, &gid, pa.active_mtu);
@@ -202,8 +201,10 @@ int main(int argc, char **argv) {
   size_t bad = 0, first_bad = 0;
   for (uint32_t i = 0; i < HALF; i++)
     if (view[HALF + i] != buf[i] && bad++ == 0) first_bad = i;
-  CHECK(bad == 0, "%u bytes arrived, read back through a second mapping of the memfd "
-        "(%zu differ, first at %zu); %.1f ms", HALF, bad, first_bad, dt * 1e3);
+  CHECK(bad == 0,
+        "%u bytes arrived, read back through a second mapping of the memfd "
+        "(%zu differ, first at %zu); %.1f ms",
+        HALF, bad, first_bad, dt * 1e3);
 
   ibv_destroy_qp(a);
   ibv_destroy_qp(b);

@@ -115,8 +115,7 @@ absl::Status IbvQueuePair::Connect(const VerbsHello& peer) {
   a.ah_attr.port_num = device_.port();
   if (int err = ibv_modify_qp(qp_, &a,
                               IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                  IBV_QP_MIN_RNR_TIMER);
+                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
       err != 0) {
     return Errno(err, "queue pair to RTR");
   }
@@ -130,8 +129,8 @@ absl::Status IbvQueuePair::Connect(const VerbsHello& peer) {
   a.sq_psn = psn_;
   a.max_rd_atomic = 1;
   if (int err = ibv_modify_qp(qp_, &a,
-                              IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+                              IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
       err != 0) {
     return Errno(err, "queue pair to RTS");
   }

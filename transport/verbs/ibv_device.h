@@ -89,7 +89,7 @@ class IbvDevice {
   IbvDevice& operator=(const IbvDevice&) = delete;
 
   absl::StatusOr<std::unique_ptr<IbvMemory>> Register(void* base, uint64_t bytes,
-                                                       bool remote_write);
+                                                      bool remote_write);
   absl::StatusOr<std::unique_ptr<IbvQueuePair>> CreateQueuePair(uint32_t send_depth,
                                                                 uint32_t recv_depth);
   // Polls up to out.size() completions; returns how many, or an error if the queue failed.

@@ -101,6 +101,10 @@ class VerbsSender {
   // A send-queue completion of this queue pair.
   void OnCompletion_st(const Completion& completion);
 
+  // The connection is gone (its peer went down): fails every pending send in order and reports
+  // down, once, as an error completion would.
+  void Abort_st(const absl::Status& why) { Fail(why); }
+
   bool failed() const { return failed_; }
   size_t pending() const { return static_cast<size_t>(next_seq_ - done_seq_); }
   // Segments wait for the peer (a reply, a credit, a write's completion): the owner must keep
@@ -195,6 +199,9 @@ class VerbsReceiver {
   void OnCompletion_st(const Completion& completion);
   // Posts the replies and the credit word that wait for send-queue room. Returns requests posted.
   int Flush_st();
+
+  // Stops handling completions (the owner tears the connection down); reports down once.
+  void Abort_st(const absl::Status& why) { Fail(why); }
 
   bool failed() const { return failed_; }
   uint64_t placed() const { return placed_; }

@@ -73,7 +73,8 @@ class IbvLink {
     const int fd = memfd_create("gradlane-verbs-test", 0);
     EXPECT_GE(fd, 0);
     EXPECT_EQ(ftruncate(fd, kBytes), 0);
-    source_ = static_cast<uint8_t*>(mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    source_ =
+        static_cast<uint8_t*>(mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
     close(fd);
     EXPECT_NE(source_, MAP_FAILED);
     std::mt19937 rng(17);

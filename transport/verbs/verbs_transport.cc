@@ -1,0 +1,469 @@
+#include "transport/verbs/verbs_transport.h"
+
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradlane::transport::verbs {
+
+struct VerbsTransport::Conn {
+  PeerHandle handle = kNoPeer;
+  PeerInfo info;
+  bool outbound = false;
+  uint16_t local_rank = 0;
+  uint64_t job_id = 0;
+  bool up_reported = false;
+  bool tearing_down = false;
+  uint32_t setup_slot = 0;
+  std::unique_ptr<IbvQueuePair> qp;
+  // Sender (the dialer's end).
+  std::vector<uint8_t> reply_region, headers;
+  std::unique_ptr<IbvMemory> reply_mr, headers_mr;
+  std::unique_ptr<SenderSink> sender_sink;
+  std::unique_ptr<VerbsSender> sender;
+  std::vector<SendCompletion> sends;  // by the channel's cookie (a ring of reply_entries)
+  uint64_t send_index = 0;
+  std::vector<SendSpec> early;  // posted before the queue pair was up, in order
+  // Receiver (the acceptor's end).
+  std::vector<uint8_t> slots, staging;
+  std::unique_ptr<IbvMemory> slots_mr, staging_mr;
+  std::unique_ptr<ReceiverSink> receiver_sink;
+  std::unique_ptr<VerbsReceiver> receiver;
+  std::vector<RecvTarget> targets;  // the engine's answer for segment seq, at seq % entries
+};
+
+class VerbsTransport::SenderSink final : public SenderEvents {
+ public:
+  SenderSink(VerbsTransport& t, Conn& c) : t_(t), c_(c) {}
+  void OnSendAcked_st(uint64_t cookie) override {
+    t_.handler_->OnSendAcked_st(c_.sends[cookie], t_.now_);
+  }
+  void OnSendFailed_st(uint64_t cookie, const absl::Status& why) override {
+    t_.handler_->OnSendFailed_st(c_.sends[cookie], why);
+  }
+  void OnChannelDown_st(const absl::Status&) override {
+    if (!c_.tearing_down) t_.failed_.push_back(&c_);
+  }
+
+ private:
+  VerbsTransport& t_;
+  Conn& c_;
+};
+
+class VerbsTransport::ReceiverSink final : public ReceiverEvents {
+ public:
+  ReceiverSink(VerbsTransport& t, Conn& c) : t_(t), c_(c) {}
+  SegmentTarget ResolveSegment_st(const FrameHeader& h) override {
+    RecvTarget target = t_.handler_->ResolveRecv_st(c_.info, h);
+    const std::optional<uint8_t*> at = t_.regions_.ResolveRecv(target, h.length);
+    if (!at.has_value() || (h.length > 0 && t_.region_mrs_[target.region] == nullptr)) {
+      return SegmentTarget{};
+    }
+    target.by_piece = false;  // this backend places whole payloads
+    c_.targets[h.seq & (c_.targets.size() - 1)] = target;
+    SegmentTarget s;
+    s.accept = true;
+    s.local = *at;
+    s.remote_addr = reinterpret_cast<uint64_t>(*at);
+    s.rkey = h.length > 0 ? t_.region_mrs_[target.region]->rkey() : 0;
+    s.cookie = h.seq;
+    return s;
+  }
+  void OnSegmentPlaced_st(const FrameHeader& h, const SegmentTarget&) override {
+    t_.handler_->OnRecvDone_st(c_.info, h, c_.targets[h.seq & (c_.targets.size() - 1)], t_.now_);
+  }
+  void OnChannelDown_st(const absl::Status&) override {
+    if (!c_.tearing_down) t_.failed_.push_back(&c_);
+  }
+
+ private:
+  VerbsTransport& t_;
+  Conn& c_;
+};
+
+VerbsTransport::VerbsTransport(const TransportOptions& options, const VerbsOptions& verbs,
+                               TransportHandler* handler)
+    : options_(options), verbs_(verbs), handler_(handler), regions_(options.max_regions) {}
+
+VerbsTransport::~VerbsTransport() {
+  for (auto& [handle, c] : conns_) c->tearing_down = true;
+  conns_.clear();  // queue pairs and their memory before the device
+  graveyard_.clear();
+  region_mrs_.clear();
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+}
+
+absl::StatusOr<std::unique_ptr<VerbsTransport>> VerbsTransport::Create(
+    const TransportOptions& options, const VerbsOptions& verbs, TransportHandler* handler) {
+  if (absl::Status s = verbs.limits.Validate(); !s.ok()) return s;
+  std::unique_ptr<VerbsTransport> t(new VerbsTransport(options, verbs, handler));
+  auto device = IbvDevice::Open(verbs.device, verbs.port, verbs.gid_index);
+  if (!device.ok()) return device.status();
+  t->device_ = std::move(*device);
+  auto tcp = tcp::TcpTransport::Create(options, t.get());
+  if (!tcp.ok()) return tcp.status();
+  t->tcp_ = std::move(*tcp);
+  t->setup_.assign(size_t{options.max_connections} * 2, VerbsHello{});
+  auto setup = t->tcp_->RegisterRegion_st(t->setup_.data(), t->setup_.size() * sizeof(VerbsHello));
+  if (!setup.ok()) return setup.status();
+  t->setup_region_ = *setup;
+  for (uint32_t i = options.max_connections; i > 0; --i) t->free_setup_slots_.push_back(i - 1);
+  t->region_mrs_.resize(options.max_regions);
+  t->epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (t->epoll_fd_ < 0) return absl::InternalError("epoll_create1 failed");
+  for (int fd : {t->tcp_->capabilities().wait_fd, t->device_->completion_fd()}) {
+    if (fd < 0) continue;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(t->epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      return absl::InternalError(absl::StrCat("epoll_ctl: ", std::strerror(errno)));
+    }
+  }
+  if (absl::Status s = t->device_->ArmCompletionEvent(); !s.ok()) return s;
+  return t;
+}
+
+TransportCapabilities VerbsTransport::capabilities() const {
+  TransportCapabilities c;
+  c.hands_over_pieces = false;
+  c.wait_fd = epoll_fd_;
+  return c;
+}
+
+absl::Status VerbsTransport::RemoveJob_st(uint64_t job_id) { return tcp_->RemoveJob_st(job_id); }
+
+absl::StatusOr<PeerHandle> VerbsTransport::Connect_st(const JobCredentials& job,
+                                                     std::string_view address, TimeNs now) {
+  if (free_setup_slots_.empty()) return absl::ResourceExhaustedError("no connection slot");
+  absl::StatusOr<PeerHandle> h = tcp_->Connect_st(job, address, now);
+  if (!h.ok()) return h;
+  auto c = std::make_unique<Conn>();
+  c->handle = *h;
+  c->outbound = true;
+  c->local_rank = job.local_rank;
+  c->job_id = job.job_id;
+  c->setup_slot = free_setup_slots_.back();
+  free_setup_slots_.pop_back();
+  conns_[*h] = std::move(c);
+  return h;
+}
+
+void VerbsTransport::Disconnect_st(PeerHandle peer, TimeNs now) {
+  now_ = now;
+  tcp_->Disconnect_st(peer, now);  // reports the peer down to us synchronously
+}
+
+absl::StatusOr<RegionId> VerbsTransport::RegisterRegion_st(void* base, uint64_t bytes) {
+  absl::StatusOr<RegionId> id = regions_.Register(base, bytes);
+  if (!id.ok()) return id;
+  if (bytes > 0) {
+    auto mr = device_->Register(base, bytes, /*remote_write=*/true);
+    if (!mr.ok()) {
+      (void)regions_.Unregister(*id);
+      return mr.status();
+    }
+    region_mrs_[*id] = std::move(*mr);
+  }
+  return id;
+}
+
+absl::Status VerbsTransport::UnregisterRegion_st(RegionId region) {
+  if (absl::Status s = regions_.Unregister(region); !s.ok()) return s;
+  region_mrs_[region].reset();
+  return absl::OkStatus();
+}
+
+absl::Status VerbsTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
+  auto it = conns_.find(peer);
+  if (it == conns_.end() || !it->second->outbound) {
+    return absl::NotFoundError("peer handle is not connected");
+  }
+  Conn& c = *it->second;
+  absl::StatusOr<const uint8_t*> payload = regions_.ResolveSend(spec, options_.max_segment_bytes);
+  if (!payload.ok()) return payload.status();
+  if (c.sender == nullptr) {  // the queue pair is still being set up
+    if (c.early.size() >= options_.max_pending_sends_per_peer) {
+      return absl::ResourceExhaustedError("peer send queue full");
+    }
+    c.early.push_back(spec);
+    return absl::OkStatus();
+  }
+  if (c.sender->failed()) return absl::NotFoundError("peer handle is not connected");
+  const IbvMemory* mr = region_mrs_[spec.region].get();
+  OutgoingSegment s;
+  s.header = MakeDataHeader(c.job_id, c.local_rank, spec);
+  s.payload_addr = reinterpret_cast<uint64_t>(*payload);
+  s.payload_lkey = mr != nullptr ? mr->lkey() : 0;
+  const uint64_t slot = c.send_index & (c.sends.size() - 1);
+  s.cookie = slot;
+  if (absl::Status st = c.sender->Post(s); !st.ok()) {
+    if (st.code() == absl::StatusCode::kResourceExhausted) {
+      return absl::ResourceExhaustedError("peer send queue full");
+    }
+    return st;
+  }
+  // Filled after Post accepted it: Post may complete earlier sends synchronously, never this one.
+  c.sends[slot] = SendCompletion{peer, spec.cookie, spec.key, spec.iteration, spec.offset,
+                                 spec.length};
+  ++c.send_index;
+  return absl::OkStatus();
+}
+
+void VerbsTransport::OnPeerUp_st(const PeerInfo& peer) {
+  auto it = conns_.find(peer.handle);
+  if (it == conns_.end()) {  // an inbound connection: it waits for the dialer's VerbsHello
+    if (free_setup_slots_.empty()) {
+      tcp_->Disconnect_st(peer.handle, now_);
+      return;
+    }
+    auto c = std::make_unique<Conn>();
+    c->handle = peer.handle;
+    c->setup_slot = free_setup_slots_.back();
+    free_setup_slots_.pop_back();
+    it = conns_.emplace(peer.handle, std::move(c)).first;
+  }
+  Conn& c = *it->second;
+  c.info = peer;
+  if (!c.outbound) return;
+  if (absl::Status s = StartSender_st(c); !s.ok()) {
+    failed_.push_back(&c);
+    return;
+  }
+  if (absl::Status s = SendSetup_st(c); !s.ok()) failed_.push_back(&c);
+}
+
+absl::Status VerbsTransport::StartSender_st(Conn& c) {
+  const ChannelLimits& l = verbs_.limits;
+  auto qp = device_->CreateQueuePair(l.send_queue_depth, 1);
+  if (!qp.ok()) return qp.status();
+  c.qp = std::move(*qp);
+  c.reply_region.assign(ReplyRegionBytes(l.reply_entries), 0);
+  c.headers.assign(size_t{l.reply_entries} * kFrameHeaderBytes, 0);
+  auto reply = device_->Register(c.reply_region.data(), c.reply_region.size(), true);
+  if (!reply.ok()) return reply.status();
+  c.reply_mr = std::move(*reply);
+  auto headers = device_->Register(c.headers.data(), c.headers.size(), false);
+  if (!headers.ok()) return headers.status();
+  c.headers_mr = std::move(*headers);
+  c.sends.assign(l.reply_entries, SendCompletion{});
+  VerbsHello& out = setup_[size_t{c.setup_slot} * 2];
+  out = c.qp->LocalHello();
+  out.reply_addr = reinterpret_cast<uint64_t>(c.reply_region.data());
+  out.reply_rkey = c.reply_mr->rkey();
+  out.reply_entries = l.reply_entries;
+  by_qp_[c.qp->qp_num()] = &c;
+  return absl::OkStatus();
+}
+
+absl::Status VerbsTransport::StartReceiver_st(Conn& c) {
+  const VerbsHello& peer = setup_[size_t{c.setup_slot} * 2 + 1];
+  if (peer.reply_entries == 0 || !std::has_single_bit(peer.reply_entries) ||
+      peer.reply_entries > (1u << 16) || peer.reply_addr == 0) {
+    return absl::InvalidArgumentError("verbs hello: bad reply ring");
+  }
+  ChannelLimits l = verbs_.limits;
+  l.reply_entries = peer.reply_entries;
+  auto qp = device_->CreateQueuePair(l.send_queue_depth, l.recv_slots);
+  if (!qp.ok()) return qp.status();
+  c.qp = std::move(*qp);
+  if (absl::Status s = c.qp->Connect(peer); !s.ok()) return s;
+  c.slots.assign(size_t{l.recv_slots} * l.slot_bytes, 0);
+  c.staging.assign(size_t{l.send_queue_depth} * kReplyEntryBytes, 0);
+  auto slots = device_->Register(c.slots.data(), c.slots.size(), false);
+  if (!slots.ok()) return slots.status();
+  c.slots_mr = std::move(*slots);
+  auto staging = device_->Register(c.staging.data(), c.staging.size(), false);
+  if (!staging.ok()) return staging.status();
+  c.staging_mr = std::move(*staging);
+  c.targets.assign(l.reply_entries, RecvTarget{});
+  c.receiver_sink = std::make_unique<ReceiverSink>(*this, c);
+  c.receiver = std::make_unique<VerbsReceiver>(
+      *c.qp, l,
+      ReceiverMemory{c.slots.data(), c.slots_mr->lkey(), c.staging.data(), c.staging_mr->lkey(),
+                     peer.reply_addr, peer.reply_rkey},
+      *c.receiver_sink);
+  by_qp_[c.qp->qp_num()] = &c;
+  VerbsHello& out = setup_[size_t{c.setup_slot} * 2];
+  out = c.qp->LocalHello();
+  out.recv_slots = static_cast<uint16_t>(l.recv_slots);
+  out.slot_bytes = l.slot_bytes;
+  // Receives are posted before the dialer learns our queue pair: nothing it sends can find none.
+  return c.receiver->Start_st();
+}
+
+absl::Status VerbsTransport::SendSetup_st(Conn& c) {
+  SendSpec spec;
+  spec.key = kVerbsSetupKey;
+  spec.length = sizeof(VerbsHello);
+  spec.dtype = sched::DType::kF32;
+  spec.region = setup_region_;
+  spec.region_offset = uint64_t{c.setup_slot} * 2 * sizeof(VerbsHello);
+  return tcp_->PostSend_st(c.handle, spec);
+}
+
+RecvTarget VerbsTransport::ResolveRecv_st(const PeerInfo& peer, const FrameHeader& header) {
+  auto it = conns_.find(peer.handle);
+  if (it == conns_.end() || header.key != kVerbsSetupKey || header.length != sizeof(VerbsHello)) {
+    return RecvTarget::Reject();  // data never travels over the TCP connection
+  }
+  const Conn& c = *it->second;
+  const bool awaited = c.outbound ? (c.qp != nullptr && c.sender == nullptr) : c.qp == nullptr;
+  if (!awaited) return RecvTarget::Reject();
+  return RecvTarget::Into(setup_region_,
+                          (uint64_t{c.setup_slot} * 2 + 1) * sizeof(VerbsHello));
+}
+
+void VerbsTransport::OnRecvDone_st(const PeerInfo& peer, const FrameHeader&, const RecvTarget&,
+                                   TimeNs now) {
+  now_ = now;
+  auto it = conns_.find(peer.handle);
+  if (it == conns_.end()) return;
+  Conn& c = *it->second;
+  if (!c.outbound) {
+    absl::Status s = StartReceiver_st(c);
+    if (s.ok()) s = SendSetup_st(c);
+    if (!s.ok()) {
+      failed_.push_back(&c);
+      return;
+    }
+    c.up_reported = true;
+    handler_->OnPeerUp_st(c.info);
+    return;
+  }
+  const VerbsHello& hello = setup_[size_t{c.setup_slot} * 2 + 1];
+  ChannelLimits l = verbs_.limits;
+  l.recv_slots = hello.recv_slots;
+  l.slot_bytes = hello.slot_bytes;
+  absl::Status s = l.Validate();
+  if (s.ok()) s = c.qp->Connect(hello);
+  if (!s.ok()) {
+    failed_.push_back(&c);
+    return;
+  }
+  c.sender_sink = std::make_unique<SenderSink>(*this, c);
+  c.sender = std::make_unique<VerbsSender>(
+      *c.qp, l, SenderMemory{c.reply_region.data(), c.headers.data(), c.headers_mr->lkey()},
+      *c.sender_sink);
+  // Sends posted during the set-up go first, in their order, then the engine hears the peer
+  // is up (and may post more behind them).
+  std::vector<SendSpec> early;
+  early.swap(c.early);
+  const PeerHandle handle = c.handle;
+  for (const SendSpec& spec : early) {
+    if (absl::Status st = PostSend_st(handle, spec); !st.ok()) {
+      handler_->OnSendFailed_st(
+          SendCompletion{handle, spec.cookie, spec.key, spec.iteration, spec.offset, spec.length},
+          st);
+    }
+  }
+  auto again = conns_.find(handle);
+  if (again == conns_.end()) return;
+  again->second->up_reported = true;
+  handler_->OnPeerUp_st(again->second->info);
+}
+
+void VerbsTransport::OnPeerDown_st(const PeerInfo& peer, const absl::Status& why) {
+  auto it = conns_.find(peer.handle);
+  if (it == conns_.end()) {
+    handler_->OnPeerDown_st(peer, why);
+    return;
+  }
+  std::unique_ptr<Conn> c = std::move(it->second);
+  conns_.erase(it);
+  Teardown_st(*c, why);
+  const bool report = c->outbound || c->up_reported;
+  const PeerInfo info = c->up_reported ? c->info : peer;
+  // Freed at the end of Progress_st: this may run inside one of the connection's own channel
+  // callbacks (the engine disconnecting a peer from OnSendFailed_st, say).
+  graveyard_.push_back(std::move(c));
+  if (report) handler_->OnPeerDown_st(info, why);
+}
+
+void VerbsTransport::Teardown_st(Conn& c, const absl::Status& why) {
+  c.tearing_down = true;
+  for (size_t i = 0; i < failed_.size();) {
+    if (failed_[i] == &c) {
+      failed_.erase(failed_.begin() + static_cast<ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  if (c.sender != nullptr) c.sender->Abort_st(why);
+  for (const SendSpec& spec : c.early) {
+    handler_->OnSendFailed_st(
+        SendCompletion{c.handle, spec.cookie, spec.key, spec.iteration, spec.offset, spec.length},
+        why);
+  }
+  c.early.clear();
+  if (c.receiver != nullptr) c.receiver->Abort_st(why);
+  if (c.qp != nullptr) by_qp_.erase(c.qp->qp_num());
+  free_setup_slots_.push_back(c.setup_slot);
+}
+
+void VerbsTransport::PollCompletions_st() {
+  RoutedCompletion wc[64];
+  for (;;) {
+    absl::StatusOr<size_t> n = device_->Poll(wc);
+    if (!n.ok() || *n == 0) return;
+    for (size_t i = 0; i < *n; ++i) {
+      auto it = by_qp_.find(wc[i].qp_num);
+      if (it == by_qp_.end()) continue;  // a queue pair already torn down (its flushes)
+      Conn& c = *it->second;
+      if (c.sender != nullptr) {
+        c.sender->OnCompletion_st(wc[i].completion);
+      } else if (c.receiver != nullptr) {
+        c.receiver->OnCompletion_st(wc[i].completion);
+      }
+    }
+  }
+}
+
+int VerbsTransport::Progress_st(TimeNs now, int wait_ms) {
+  now_ = now;
+  if (wait_ms > 0 && !HasDeferredWork_st()) {
+    epoll_event ev[4];
+    (void)epoll_wait(epoll_fd_, ev, 4, wait_ms);
+  }
+  int handled = tcp_->Progress_st(now, 0);
+  // Completions, then re-arm and look once more, so one that raced the arming is not missed
+  // until the next event.
+  PollCompletions_st();
+  device_->AckCompletionEvents();
+  (void)device_->ArmCompletionEvent();
+  PollCompletions_st();
+  // The engine's callbacks may disconnect peers (erasing connections) while this runs: walk a
+  // snapshot of the handles and look each up again.
+  round_.clear();
+  for (const auto& [handle, c] : conns_) round_.push_back(handle);
+  for (PeerHandle handle : round_) {
+    auto it = conns_.find(handle);
+    if (it == conns_.end()) continue;
+    if (it->second->receiver != nullptr) handled += it->second->receiver->Flush_st();
+    it = conns_.find(handle);
+    if (it == conns_.end()) continue;
+    if (it->second->sender != nullptr) handled += it->second->sender->Progress_st();
+  }
+  while (!failed_.empty()) {
+    Conn* c = failed_.back();
+    failed_.pop_back();
+    tcp_->Disconnect_st(c->handle, now);  // tears it down through OnPeerDown_st
+  }
+  graveyard_.clear();
+  return handled;
+}
+
+bool VerbsTransport::HasDeferredWork_st() const {
+  if (tcp_->HasDeferredWork_st() || !failed_.empty()) return true;
+  for (const auto& [handle, c] : conns_) {
+    if (c->sender != nullptr && c->sender->AwaitingPeer()) return true;
+  }
+  return false;
+}
+
+}  // namespace gradlane::transport::verbs

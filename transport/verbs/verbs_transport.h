@@ -1,0 +1,118 @@
+// transport/verbs/verbs_transport.h — the RDMA verbs backend: segments move by RDMA between
+// registered memory (the protocol of verbs_channel.h on libibverbs queue pairs), while a kernel
+// TCP connection per peer carries what RDMA cannot: the hello with the job's token and its
+// refusals, the verbs set-up fields, goodbye, and liveness.
+//
+// Why TCP underneath: connect retry and back-off, the token check and its reject codes, the
+// job table and the peer-down rules already exist and are tested in tcp::TcpTransport; this
+// backend owns one and is its handler. Once the TCP hello is done the dialer sends its
+// VerbsHello (queue pair number, PSN, GID, MTU, reply region address and rkey) as a set-up frame
+// on that connection; the acceptor creates its queue pair, posts its receives, answers with its
+// own VerbsHello, and both move their queue pairs to ready-to-send. Only then is the peer up for
+// the engine. Each connection is one direction of segments, as on TCP: the dialer's queue pair
+// sends (VerbsSender), the acceptor's receives (VerbsReceiver). The TCP connection going down
+// (reset, goodbye, peer_timeout) takes the queue pair with it, and an error completion on the
+// queue pair closes the TCP connection: either way pending sends fail in order, then one
+// OnPeerDown_st.
+//
+// Memory: every region the engine registers is registered with the device as well (local write
+// and remote write: a region is a send source and a receive target alike; docs/verbs.md says what
+// an rkey lets a peer do). Receive targets must lie in registered regions, as on every backend.
+// Completions: one completion queue for every queue pair, polled in Progress_st; its completion
+// channel and the TCP transport's descriptor are both in this backend's wait_fd (an epoll set).
+// While a sender waits for replies (memory the peer writes, which raises no event), Progress_st
+// does not sleep and HasDeferredWork_st is true.
+// Thread rules: as every transport (transport/transport.h): `_st` on the engine thread.
+#ifndef GRADLANE_TRANSPORT_VERBS_VERBS_TRANSPORT_H_
+#define GRADLANE_TRANSPORT_VERBS_VERBS_TRANSPORT_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "transport/common/region_table.h"
+#include "transport/tcp/tcp_transport.h"
+#include "transport/transport.h"
+#include "transport/verbs/ibv_device.h"
+#include "transport/verbs/verbs_channel.h"
+#include "transport/verbs/verbs_options.h"
+
+namespace gradlane::transport::verbs {
+
+// The key of a set-up frame on the TCP connection: above any engine key (tensor ids are 32-bit).
+inline constexpr sched::SegmentKey kVerbsSetupKey = ~sched::SegmentKey{0};
+
+class VerbsTransport final : public Transport, private TransportHandler {
+ public:
+  // Opens the device (NotFound with a how-to when there is none) and the TCP transport.
+  static absl::StatusOr<std::unique_ptr<VerbsTransport>> Create(const TransportOptions& options,
+                                                               const VerbsOptions& verbs,
+                                                               TransportHandler* handler);
+  ~VerbsTransport() override;
+
+  TransportCapabilities capabilities() const override;
+  std::string_view backend_name() const override { return "verbs"; }
+  absl::StatusOr<uint16_t> Listen_st() override { return tcp_->Listen_st(); }
+  absl::Status AddJob_st(const JobCredentials& job) override { return tcp_->AddJob_st(job); }
+  absl::Status RemoveJob_st(uint64_t job_id) override;
+  absl::StatusOr<PeerHandle> Connect_st(const JobCredentials& job, std::string_view address,
+                                        TimeNs now) override;
+  void Disconnect_st(PeerHandle peer, TimeNs now) override;
+  absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes) override;
+  absl::Status UnregisterRegion_st(RegionId region) override;
+  absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec) override;
+  int Progress_st(TimeNs now, int wait_ms) override;
+  bool HasDeferredWork_st() const override;
+  TransportStats Stats() const override { return tcp_->Stats(); }
+  PeerStats PeerStatsOf(PeerHandle peer) const override { return tcp_->PeerStatsOf(peer); }
+
+  const IbvDevice& device() const { return *device_; }
+
+ private:
+  struct Conn;
+  class SenderSink;
+  class ReceiverSink;
+
+  VerbsTransport(const TransportOptions& options, const VerbsOptions& verbs,
+                 TransportHandler* handler);
+
+  // TransportHandler of the TCP transport underneath.
+  void OnPeerUp_st(const PeerInfo& peer) override;
+  void OnPeerDown_st(const PeerInfo& peer, const absl::Status& why) override;
+  void OnSendDone_st(const SendCompletion&) override {}
+  void OnSendAcked_st(const SendCompletion&, TimeNs) override {}
+  void OnSendFailed_st(const SendCompletion&, const absl::Status&) override {}
+  RecvTarget ResolveRecv_st(const PeerInfo& peer, const FrameHeader& header) override;
+  void OnRecvDone_st(const PeerInfo& peer, const FrameHeader& header, const RecvTarget& target,
+                     TimeNs now) override;
+
+  absl::Status SendSetup_st(Conn& c);
+  absl::Status StartSender_st(Conn& c);
+  absl::Status StartReceiver_st(Conn& c);
+  void Teardown_st(Conn& c, const absl::Status& why);
+  void PollCompletions_st();
+
+  TransportOptions options_;
+  VerbsOptions verbs_;
+  TransportHandler* handler_;
+  std::unique_ptr<IbvDevice> device_;
+  std::unique_ptr<tcp::TcpTransport> tcp_;
+  RegionTable regions_;
+  std::vector<std::unique_ptr<IbvMemory>> region_mrs_;  // by RegionId
+  // Set-up frames: one VerbsHello out and one in per connection slot, registered with tcp_.
+  std::vector<VerbsHello> setup_;
+  RegionId setup_region_ = kNoRegion;
+  std::vector<uint32_t> free_setup_slots_;
+  absl::flat_hash_map<PeerHandle, std::unique_ptr<Conn>> conns_;
+  absl::flat_hash_map<uint32_t, Conn*> by_qp_;
+  std::vector<PeerHandle> round_;  // Progress_st's snapshot of the connections
+  std::vector<Conn*> failed_;
+  std::vector<std::unique_ptr<Conn>> graveyard_;  // torn down, freed at the end of Progress_st  // channels that failed inside a callback: torn down after it
+  int epoll_fd_ = -1;
+  TimeNs now_ = 0;
+};
+
+}  // namespace gradlane::transport::verbs
+
+#endif  // GRADLANE_TRANSPORT_VERBS_VERBS_TRANSPORT_H_
