@@ -13,7 +13,7 @@ namespace gradlane::transport::verbs {
 struct VerbsOptions {
   std::string device;  // empty: the first RDMA device
   uint8_t port = 1;
-  int gid_index = 1;   // soft-RoCE on IPv4: 1; `show_gids` lists a real NIC's table
+  int gid_index = 1;  // soft-RoCE on IPv4: 1; `show_gids` lists a real NIC's table
   ChannelLimits limits;
 };
 

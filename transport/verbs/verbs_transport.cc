@@ -139,7 +139,7 @@ TransportCapabilities VerbsTransport::capabilities() const {
 absl::Status VerbsTransport::RemoveJob_st(uint64_t job_id) { return tcp_->RemoveJob_st(job_id); }
 
 absl::StatusOr<PeerHandle> VerbsTransport::Connect_st(const JobCredentials& job,
-                                                     std::string_view address, TimeNs now) {
+                                                      std::string_view address, TimeNs now) {
   if (free_setup_slots_.empty()) return absl::ResourceExhaustedError("no connection slot");
   absl::StatusOr<PeerHandle> h = tcp_->Connect_st(job, address, now);
   if (!h.ok()) return h;
@@ -209,8 +209,8 @@ absl::Status VerbsTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) 
     return st;
   }
   // Filled after Post accepted it: Post may complete earlier sends synchronously, never this one.
-  c.sends[slot] = SendCompletion{peer, spec.cookie, spec.key, spec.iteration, spec.offset,
-                                 spec.length};
+  c.sends[slot] =
+      SendCompletion{peer, spec.cookie, spec.key, spec.iteration, spec.offset, spec.length};
   ++c.send_index;
   return absl::OkStatus();
 }
@@ -315,8 +315,7 @@ RecvTarget VerbsTransport::ResolveRecv_st(const PeerInfo& peer, const FrameHeade
   const Conn& c = *it->second;
   const bool awaited = c.outbound ? (c.qp != nullptr && c.sender == nullptr) : c.qp == nullptr;
   if (!awaited) return RecvTarget::Reject();
-  return RecvTarget::Into(setup_region_,
-                          (uint64_t{c.setup_slot} * 2 + 1) * sizeof(VerbsHello));
+  return RecvTarget::Into(setup_region_, (uint64_t{c.setup_slot} * 2 + 1) * sizeof(VerbsHello));
 }
 
 void VerbsTransport::OnRecvDone_st(const PeerInfo& peer, const FrameHeader&, const RecvTarget&,
@@ -357,9 +356,9 @@ void VerbsTransport::OnRecvDone_st(const PeerInfo& peer, const FrameHeader&, con
   const PeerHandle handle = c.handle;
   for (const SendSpec& spec : early) {
     if (absl::Status st = PostSend_st(handle, spec); !st.ok()) {
-      handler_->OnSendFailed_st(
-          SendCompletion{handle, spec.cookie, spec.key, spec.iteration, spec.offset, spec.length},
-          st);
+      handler_->OnSendFailed_st(SendCompletion{handle, spec.cookie, spec.key, spec.iteration,
+                                               spec.offset, spec.length},
+                                st);
     }
   }
   auto again = conns_.find(handle);
@@ -396,9 +395,9 @@ void VerbsTransport::Teardown_st(Conn& c, const absl::Status& why) {
   }
   if (c.sender != nullptr) c.sender->Abort_st(why);
   for (const SendSpec& spec : c.early) {
-    handler_->OnSendFailed_st(
-        SendCompletion{c.handle, spec.cookie, spec.key, spec.iteration, spec.offset, spec.length},
-        why);
+    handler_->OnSendFailed_st(SendCompletion{c.handle, spec.cookie, spec.key, spec.iteration,
+                                             spec.offset, spec.length},
+                              why);
   }
   c.early.clear();
   if (c.receiver != nullptr) c.receiver->Abort_st(why);

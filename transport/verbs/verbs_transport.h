@@ -47,8 +47,8 @@ class VerbsTransport final : public Transport, private TransportHandler {
  public:
   // Opens the device (NotFound with a how-to when there is none) and the TCP transport.
   static absl::StatusOr<std::unique_ptr<VerbsTransport>> Create(const TransportOptions& options,
-                                                               const VerbsOptions& verbs,
-                                                               TransportHandler* handler);
+                                                                const VerbsOptions& verbs,
+                                                                TransportHandler* handler);
   ~VerbsTransport() override;
 
   TransportCapabilities capabilities() const override;
@@ -108,7 +108,9 @@ class VerbsTransport final : public Transport, private TransportHandler {
   absl::flat_hash_map<uint32_t, Conn*> by_qp_;
   std::vector<PeerHandle> round_;  // Progress_st's snapshot of the connections
   std::vector<Conn*> failed_;
-  std::vector<std::unique_ptr<Conn>> graveyard_;  // torn down, freed at the end of Progress_st  // channels that failed inside a callback: torn down after it
+  std::vector<std::unique_ptr<Conn>>
+      graveyard_;  // torn down, freed at the end of Progress_st  // channels that failed inside a
+                   // callback: torn down after it
   int epoll_fd_ = -1;
   TimeNs now_ = 0;
 };
