@@ -184,7 +184,13 @@ absl::StatusOr<std::unique_ptr<IbvDevice>> IbvDevice::Open(std::string_view name
   if (flags < 0 || fcntl(d->channel_->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
     return Errno(errno, "completion channel O_NONBLOCK");
   }
-  d->cq_ = ibv_create_cq(d->context_, cq_depth, nullptr, d->channel_, 0);
+  // Every queue pair's completions share this queue: size it for many peers, within what the
+  // device allows (an overflow would put the queue, and every connection, in error).
+  ibv_device_attr da{};
+  if (int err = ibv_query_device(d->context_, &da); err != 0) {
+    return Errno(err, "ibv_query_device");
+  }
+  d->cq_ = ibv_create_cq(d->context_, std::min(cq_depth, da.max_cqe), nullptr, d->channel_, 0);
   if (d->cq_ == nullptr) return Errno(errno, "ibv_create_cq");
   return d;
 }

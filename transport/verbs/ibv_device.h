@@ -83,7 +83,7 @@ class IbvDevice {
   // Opens `name` (empty: the first device found) at `port`. NotFound when there is no RDMA
   // device (the message says how to get soft-RoCE), FailedPrecondition when the port is down.
   static absl::StatusOr<std::unique_ptr<IbvDevice>> Open(std::string_view name, uint8_t port,
-                                                         int gid_index, int cq_depth = 4096);
+                                                         int gid_index, int cq_depth = 65536);
   ~IbvDevice();
   IbvDevice(const IbvDevice&) = delete;
   IbvDevice& operator=(const IbvDevice&) = delete;
