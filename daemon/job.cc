@@ -186,8 +186,13 @@ JobError BuildJobPlan(const Session& session, const std::string& default_policy,
     jt.auto_priority = t.priority == GL_PRIORITY_AUTO;
     jt.spec.priority = jt.auto_priority ? 0 : t.priority;
     jt.arena_offset = t.offset;
-    uint64_t key_bytes = EnginePartitionBytes(plan->policy_name, partition_bytes, t.dtype);
-    if (plan->balanced_key_bytes != 0) key_bytes = std::min(key_bytes, plan->balanced_key_bytes);
+    // Balanced keys are cut as a configured --partition_bytes would be: one size for every
+    // dtype, the size the policy is then given (JobRuntime::SetUp_st), so its partitions are
+    // exactly the keys even for p3, whose own size depends on the dtype.
+    const uint64_t key_bytes =
+        plan->balanced_key_bytes != 0
+            ? plan->balanced_key_bytes
+            : EnginePartitionBytes(plan->policy_name, partition_bytes, t.dtype);
     jt.plan = sched::PartitionPlan::Make(t.bytes, t.dtype, key_bytes);
     jt.first_part = static_cast<uint32_t>(plan->parts.size());
     jt.active_posts.reserve(4);
