@@ -70,9 +70,11 @@ if [[ "${1:-}" != "--quick" ]]; then
     rm -rf build-sanitize
   fi
   export CC=clang CXX=clang++
-  # Fewer iterations in the integration scripts that honour IT_ITERATIONS (the plain pass runs
-  # them in full): the sanitizers check the code paths, which a few iterations already take.
-  IT_ITERATIONS=15 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  # Fewer iterations in the integration scripts that honour IT_ITERATIONS, and two policies in
+  # those that honour IT_POLICIES (the plain pass runs them in full): the sanitizers check the
+  # daemon's code paths, which a few iterations of the simplest and of the default policy already
+  # take (every policy's own code runs under the sanitizers in the sched unit tests).
+  IT_ITERATIONS=15 IT_POLICIES="fifo gradlane" ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_suite build-sanitize "--no-suite=integration-big --no-suite=soak --no-suite=package --no-suite=rxe" -Db_sanitize=address,undefined -Db_lundef=false -Dbenchmarks=disabled -Dtorch=disabled \
       -Doptimization=1  # ASan's recommended level, and quicker to compile than -O2
   unset CC CXX
