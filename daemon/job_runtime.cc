@@ -38,26 +38,29 @@ gl_status StatusFor(const absl::Status& why) {
 }
 
 const char* StatusName(gl_status s) {
-  static constexpr const char* kNames[GL_STATUS_COUNT] = {"ok",
-                                                          "invalid_argument",
-                                                          "bad_magic",
-                                                          "bad_version",
-                                                          "permission",
-                                                          "no_memory",
-                                                          "again",
-                                                          "timeout",
-                                                          "disconnected",
-                                                          "protocol",
-                                                          "bad_tensor",
-                                                          "bad_range",
-                                                          "bad_iteration",
-                                                          "bad_opcode",
-                                                          "bad_descriptor",
-                                                          "no_job",
-                                                          "already_exists",
-                                                          "ring_corrupt",
-                                                          "io",
-                                                          "internal"};
+  static constexpr const char* kNames[] = {"ok",
+                                           "invalid_argument",
+                                           "bad_magic",
+                                           "bad_version",
+                                           "permission",
+                                           "no_memory",
+                                           "again",
+                                           "timeout",
+                                           "disconnected",
+                                           "protocol",
+                                           "bad_tensor",
+                                           "bad_range",
+                                           "bad_iteration",
+                                           "bad_opcode",
+                                           "bad_descriptor",
+                                           "no_job",
+                                           "already_exists",
+                                           "ring_corrupt",
+                                           "io",
+                                           "internal",
+                                           "busy",
+                                           "device"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == GL_STATUS_COUNT);
   return s >= 0 && s < GL_STATUS_COUNT ? kNames[s] : "unknown";
 }
 

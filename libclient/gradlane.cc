@@ -8,18 +8,22 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "libclient/cuda_driver.h"
+#include "libclient/device_staging.h"
 #include "libclient/gradlane_testing.h"
 #include "shm/arena.h"
 #include "shm/doorbell.h"
 #include "shm/ring.h"
 #include "shm/uds.h"
 
+using gradlane::client::DeviceStaging;
 using gradlane::shm::Arena;
 using gradlane::shm::Doorbell;
 using gradlane::shm::RingConsumer;
@@ -52,6 +56,11 @@ struct gl_client {
   int disconnect_status = GL_E_DISCONNECTED;
   std::string disconnect_reason;
   std::vector<uint64_t> tensor_bytes;  // by tensor id, for GL_WHOLE_TENSOR
+  uint32_t completion_slots = 0;
+  // Made by the first gl_register_device_tensor; null while the client has only host tensors.
+  // Declared after `arena`, so it is destroyed first: it unpins the arena and waits for its
+  // copies before the mapping goes.
+  std::unique_ptr<DeviceStaging> staging;
 };
 
 namespace {
@@ -327,6 +336,7 @@ int gl_connect(const gl_connect_options* options, gl_client** out) {
   auto* cqh = static_cast<gl_ring_header*>(c->arena.At(ah->cq_offset, sizeof(gl_ring_header)));
   c->sq = RingProducer<gl_sqe>(sqh, reinterpret_cast<gl_sqe*>(sqh + 1), slots);
   c->cq = RingConsumer<gl_cqe>(cqh, reinterpret_cast<gl_cqe*>(cqh + 1), slots);
+  c->completion_slots = slots;
   c->sq_bell = Doorbell(sqh, c->sq_efd.get());
   c->cq_bell = Doorbell(cqh, c->cq_efd.get());
   if (t_error_client == nullptr) t_error.clear();
@@ -411,6 +421,33 @@ int gl_register_tensor(gl_client* c, const char* name, uint64_t bytes, int dtype
   return GL_OK;
 }
 
+int gl_register_device_tensor(gl_client* c, const char* name, void* device_ptr, uint64_t bytes,
+                              int dtype, int32_t priority, uint32_t* tensor_id) {
+  if (c == nullptr || name == nullptr || device_ptr == nullptr || tensor_id == nullptr) {
+    return Fail(c, GL_E_INVALID_ARGUMENT, "NULL argument");
+  }
+  auto cuda = gradlane::client::LoadCudaDriver();
+  if (!cuda.ok()) return Fail(c, GL_E_DEVICE, std::string(cuda.status().message()));
+  const auto device = reinterpret_cast<gradlane::client::cu::DevicePtr>(device_ptr);
+  auto where = gradlane::client::InspectDevicePointer(**cuda, device, bytes);
+  if (!where.ok()) return Fail(c, GL_E_INVALID_ARGUMENT, std::string(where.status().message()));
+  if (c->staging != nullptr && c->staging->context() != where->context) {
+    return Fail(c, GL_E_DEVICE,
+                "device tensors of one client must share one CUDA context (one GPU per client)");
+  }
+  if (c->staging == nullptr) {
+    auto staging = DeviceStaging::Create(**cuda, where->context, c->arena.base(), c->arena.size(),
+                                         c->completion_slots);
+    if (!staging.ok()) return Fail(c, GL_E_DEVICE, std::string(staging.status().message()));
+    c->staging = std::move(*staging);
+  }
+  void* buffer = nullptr;
+  const int s = gl_register_tensor(c, name, bytes, dtype, priority, tensor_id, &buffer);
+  if (s != GL_OK) return s;
+  c->staging->Add(*tensor_id, device, static_cast<std::byte*>(buffer), bytes);
+  return GL_OK;
+}
+
 int gl_post(gl_client* c, uint32_t tensor_id, int64_t iteration, uint64_t offset, uint64_t length,
             uint64_t user_data) {
   if (c == nullptr) return GL_E_INVALID_ARGUMENT;
@@ -426,6 +463,14 @@ int gl_post(gl_client* c, uint32_t tensor_id, int64_t iteration, uint64_t offset
   e.length = length;
   e.tensor_id = tensor_id;
   e.opcode = GL_OP_POST;
+  if (c->staging != nullptr && c->staging->IsDevice(tensor_id)) {
+    // Copy only what can be queued: a full ring would make the caller retry, and copy again.
+    uint32_t free_slots = 0;
+    if (c->sq.FreeSlots(&free_slots) == RingResult::kOk && free_slots == 0) return GL_E_AGAIN;
+    if (absl::Status st = c->staging->StageIn(tensor_id, offset, length); !st.ok()) {
+      return Fail(c, GL_E_DEVICE, std::string(st.message()));
+    }
+  }
   return gl_testing_post_raw(c, &e);
 }
 
@@ -454,13 +499,24 @@ int gl_testing_socket_fd(gl_client* c) { return c == nullptr ? -1 : c->socket.ge
 int gl_poll(gl_client* c, gl_completion* out, uint32_t max, uint32_t* count) {
   if (c == nullptr || count == nullptr || (out == nullptr && max > 0)) return GL_E_INVALID_ARGUMENT;
   uint32_t n = 0;
+  DeviceStaging* staging = c->staging.get();
   while (n < max) {
     gl_cqe e;
-    const RingResult r = c->cq.TryPop(&e);
-    if (r == RingResult::kEmpty) break;
-    if (r != RingResult::kOk) {
-      *count = n;
-      return Fail(c, GL_E_RING_CORRUPT, "completion ring producer index inconsistent");
+    // With device tensors every completion queues behind the copies of those before it.
+    if (staging != nullptr && staging->TakeReady(&e)) {
+      if (e.status == GL_E_DEVICE) Fail(c, GL_E_DEVICE, staging->last_error());
+    } else {
+      if (staging != nullptr && staging->Full()) break;
+      const RingResult r = c->cq.TryPop(&e);
+      if (r == RingResult::kEmpty) break;
+      if (r != RingResult::kOk) {
+        *count = n;
+        return Fail(c, GL_E_RING_CORRUPT, "completion ring producer index inconsistent");
+      }
+      if (staging != nullptr) {
+        staging->Accept(e);
+        continue;
+      }
     }
     gl_completion& o = out[n++];
     o.status = e.status;
@@ -481,6 +537,11 @@ int gl_wait(gl_client* c, gl_completion* out, uint32_t max, uint32_t* count, int
   for (;;) {
     int s = gl_poll(c, out, max, count);
     if (s != GL_OK || *count > 0) return s;
+    if (c->staging != nullptr && c->staging->HasPending()) {
+      // The next completion is a copy to the GPU away: no doorbell will say when it ends.
+      c->staging->WaitForHead();
+      continue;
+    }
     if (c->disconnected.load(std::memory_order_acquire)) return FailDisconnected(c);
     const int64_t now = NowNs();
     if (now - start < kSpinNs && now < deadline) continue;

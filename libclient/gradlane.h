@@ -88,6 +88,25 @@ int gl_register_job_mode(gl_client* c, const gl_job_info* job, int mode);
 int gl_register_tensor(gl_client* c, const char* name, uint64_t bytes, int dtype, int32_t priority,
                        uint32_t* tensor_id, void** buffer);
 
+/* Registers a tensor that lives in GPU memory: `bytes` bytes at the CUDA device pointer
+ * `device_ptr` (cuMemAlloc, cudaMalloc, a CUDA tensor's data pointer), which must stay
+ * allocated until gl_close. It is then posted and completed like any tensor, and the reduced
+ * result lands in that device memory:
+ * - gl_post copies the posted range to the daemon's shared memory (on a CUDA stream of
+ *   libgradlane's own, so it waits for nothing the caller queued) before it returns: the
+ *   gradient must be complete in device memory when gl_post is called (synchronize the stream
+ *   that computed it first).
+ * - A completion of the tensor is handed out by gl_poll/gl_wait only once the result has been
+ *   copied back into device memory. Completions keep the order the daemon gave them.
+ * - Until then the range belongs to libgradlane, as for host tensors: neither read nor write it.
+ * The CUDA driver is loaded on the first call (libcuda.so.1, or $GRADLANE_CUDA_LIBRARY); no
+ * driver, no GPU, host memory, a range past the allocation, or device tensors of different CUDA
+ * contexts on one client: GL_E_DEVICE or GL_E_INVALID_ARGUMENT with the reason in
+ * gl_last_error. A copy that fails turns gl_post's return, or the completion's status, into
+ * GL_E_DEVICE. Since GRADLANE_1.2. */
+int gl_register_device_tensor(gl_client* c, const char* name, void* device_ptr, uint64_t bytes,
+                              int dtype, int32_t priority, uint32_t* tensor_id);
+
 /* Posts "bytes [offset, offset+length) of the tensor are ready for `iteration`"
  * (length GL_WHOLE_TENSOR = from offset to the end). GL_E_AGAIN if the submission ring is
  * full: consume completions and retry. The daemon validates the descriptor; a bad one comes

@@ -64,8 +64,9 @@ typedef enum gl_status {
   GL_E_RING_CORRUPT = 17,    /* ring header/indices inconsistent: session closed */
   GL_E_IO = 18,              /* a system call failed (errno in the message) */
   GL_E_INTERNAL = 19,
-  GL_E_BUSY = 20, /* a daemon limit on connections or sessions is reached: retry later */
-  GL_STATUS_COUNT = 21
+  GL_E_BUSY = 20,   /* a daemon limit on connections or sessions is reached: retry later */
+  GL_E_DEVICE = 21, /* GPU memory or the CUDA driver: none, not device memory, a copy failed */
+  GL_STATUS_COUNT = 22
 } gl_status;
 
 typedef enum gl_dtype { /* values match gradlane::sched::DType */

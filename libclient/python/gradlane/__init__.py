@@ -34,7 +34,7 @@ STATUS_NAMES = {
     5: "NO_MEMORY", 6: "AGAIN", 7: "TIMEOUT", 8: "DISCONNECTED", 9: "PROTOCOL",
     10: "BAD_TENSOR", 11: "BAD_RANGE", 12: "BAD_ITERATION", 13: "BAD_OPCODE",
     14: "BAD_DESCRIPTOR", 15: "NO_JOB", 16: "ALREADY_EXISTS", 17: "RING_CORRUPT", 18: "IO",
-    19: "INTERNAL", 20: "BUSY",
+    19: "INTERNAL", 20: "BUSY", 21: "DEVICE",
 }
 for _code, _name in STATUS_NAMES.items():
     globals()["E_" + _name if _code else "OK"] = _code

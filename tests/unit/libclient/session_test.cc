@@ -1,6 +1,8 @@
 // End to end: libgradlane (C ABI and C++ wrapper) against the daemon's session code running
 // in-process in "complete what it receives" mode. Covers the handshake errors, registration,
 // every malformed-descriptor class, backpressure, corruption, kill -9 and arena isolation.
+#include <dlfcn.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -10,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -24,6 +27,7 @@
 
 #include "daemon/session.h"
 #include "daemon/session_server.h"
+#include "libclient/cuda_driver.h"
 #include "libclient/gradlane.h"
 #include "libclient/gradlane.hpp"
 #include "libclient/gradlane_testing.h"
@@ -1173,6 +1177,307 @@ TEST(Hostile, DaemonGoingAwayIsReportedToWaitingClient) {
   uint32_t n = 0;
   EXPECT_EQ(gl_wait(c.get(), &out, 1, &n, 5000), GL_E_DISCONNECTED);
   killer.join();
+}
+
+// ------------------------------------------------- GPU tensors (the fake CUDA driver) -----
+// The session test runs with GRADLANE_CUDA_LIBRARY naming tests/fakes/fake_cuda.cc's library:
+// device memory the host cannot touch, copies that happen only when waited for. The loopback
+// server completes ranges as they are, so a completed range must come back to device memory
+// with exactly the bytes gl_post staged — even after the device copy was scribbled over.
+
+using client::CudaDriver;
+using client::cu::DevicePtr;
+
+struct FakeCudaCounts {
+  uint64_t copies_to_host, bytes_to_host, copies_to_device, bytes_to_device;
+  uint64_t live_allocations, host_registered;
+};
+
+const CudaDriver* Cuda() {
+  auto d = client::LoadCudaDriver();
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? *d : nullptr;
+}
+
+FakeCudaCounts FakeCounts() {
+  FakeCudaCounts out{};
+  const char* lib = std::getenv("GRADLANE_CUDA_LIBRARY");
+  void* h = lib == nullptr ? nullptr : ::dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+  auto* fn =
+      h == nullptr
+          ? nullptr
+          : reinterpret_cast<void (*)(FakeCudaCounts*)>(::dlsym(h, "gradlane_fake_cuda_counts"));
+  EXPECT_NE(fn, nullptr) << "GRADLANE_CUDA_LIBRARY must name the fake driver";
+  if (fn != nullptr) fn(&out);
+  if (h != nullptr) ::dlclose(h);
+  return out;
+}
+
+// Device memory of `bytes`, freed at scope end; Fill/Read go through the driver.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(uint64_t bytes) : bytes_(bytes) {
+    const CudaDriver* cuda = Cuda();
+    if (cuda == nullptr) return;
+    cuda_ = cuda;
+    client::cu::Context ctx = nullptr;
+    client::cu::Device dev{};
+    EXPECT_EQ(cuda_->DeviceGet(&dev, 0), client::cu::kSuccess);
+    EXPECT_EQ(cuda_->DevicePrimaryCtxRetain(&ctx, dev), client::cu::kSuccess);
+    EXPECT_EQ(cuda_->CtxSetCurrent(ctx), client::cu::kSuccess);
+    EXPECT_EQ(cuda_->MemAlloc(&ptr_, bytes), client::cu::kSuccess);
+  }
+  ~DeviceBuffer() {
+    if (cuda_ != nullptr && ptr_ != 0) cuda_->MemFree(ptr_);
+  }
+  void* ptr() const { return reinterpret_cast<void*>(ptr_); }
+  void Write(const std::vector<uint8_t>& v, uint64_t at = 0) {
+    ASSERT_EQ(cuda_->MemcpyHtoD(ptr_ + at, v.data(), v.size()), client::cu::kSuccess);
+  }
+  std::vector<uint8_t> Read() const {
+    std::vector<uint8_t> v(bytes_);
+    EXPECT_EQ(cuda_->MemcpyDtoH(v.data(), ptr_, bytes_), client::cu::kSuccess);
+    return v;
+  }
+
+ private:
+  const CudaDriver* cuda_ = nullptr;
+  DevicePtr ptr_ = 0;
+  uint64_t bytes_;
+};
+
+std::vector<uint8_t> Pattern(uint64_t bytes, uint8_t seed) {
+  std::vector<uint8_t> v(bytes);
+  for (uint64_t i = 0; i < bytes; ++i) v[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 8));
+  return v;
+}
+
+TEST(Device, PostedRangesComeBackToDeviceMemoryAfterTheCopy) {
+  ServerEnv env;
+  ClientPtr c = Connect(env);
+  ASSERT_EQ(RegisterJob(c.get()), GL_OK);
+  constexpr uint64_t kBytes = 64 << 10;
+  DeviceBuffer dev(kBytes);
+  const std::vector<uint8_t> grad = Pattern(kBytes, 3);
+  dev.Write(grad);
+  const FakeCudaCounts before = FakeCounts();
+  uint32_t id = 0;
+  ASSERT_EQ(gl_register_device_tensor(c.get(), "conv1.weight", dev.ptr(), kBytes, GL_DTYPE_F32, 0,
+                                      &id),
+            GL_OK)
+      << gl_last_error(c.get());
+  EXPECT_EQ(FakeCounts().host_registered, before.host_registered + 1) << "arena pinned";
+
+  // Whole tensor, then two ranges; after each post the device copy is wiped, so only the copy
+  // back from the arena can restore it.
+  const std::vector<uint8_t> zeros(kBytes, 0);
+  ASSERT_EQ(gl_post(c.get(), id, 0, 0, GL_WHOLE_TENSOR, 1), GL_OK) << gl_last_error(c.get());
+  dev.Write(zeros);
+  gl_completion done = WaitOne(c.get());
+  EXPECT_EQ(done.status, GL_OK);
+  EXPECT_EQ(done.user_data, 1u);
+  EXPECT_EQ(dev.Read(), grad);
+
+  ASSERT_EQ(gl_post(c.get(), id, 1, 4096, 8192, 2), GL_OK);
+  ASSERT_EQ(gl_post(c.get(), id, 1, 32768, 4, 3), GL_OK);
+  dev.Write(zeros);
+  std::vector<uint8_t> want(kBytes, 0);
+  std::copy(grad.begin() + 4096, grad.begin() + 4096 + 8192, want.begin() + 4096);
+  std::copy(grad.begin() + 32768, grad.begin() + 32768 + 4, want.begin() + 32768);
+  EXPECT_EQ(WaitOne(c.get()).user_data, 2u);
+  EXPECT_EQ(WaitOne(c.get()).user_data, 3u);
+  EXPECT_EQ(dev.Read(), want) << "exactly the completed ranges are copied back";
+
+  const FakeCudaCounts after = FakeCounts();
+  EXPECT_EQ(after.copies_to_host - before.copies_to_host, 3u);
+  EXPECT_EQ(after.bytes_to_host - before.bytes_to_host, kBytes + 8192 + 4);
+  EXPECT_EQ(after.bytes_to_device - before.bytes_to_device, kBytes + 8192 + 4);
+  c.reset();
+  EXPECT_EQ(FakeCounts().host_registered, before.host_registered) << "gl_close unpins the arena";
+}
+
+TEST(Device, HostAndDeviceCompletionsKeepTheDaemonsOrder) {
+  ServerEnv env;
+  ClientPtr c = Connect(env, 8);  // a small ring: the held completions fill it
+  ASSERT_EQ(RegisterJob(c.get()), GL_OK);
+  DeviceBuffer dev(1 << 16);
+  uint32_t dev_id = 0, host_id = 0;
+  void* host_buf = nullptr;
+  ASSERT_EQ(gl_register_device_tensor(c.get(), "d", dev.ptr(), 1 << 16, GL_DTYPE_F16, 0, &dev_id),
+            GL_OK);
+  ASSERT_EQ(gl_register_tensor(c.get(), "h", 1 << 12, GL_DTYPE_F32, 1, &host_id, &host_buf), GL_OK);
+  uint64_t posted = 0, next = 0;
+  int64_t dev_iter = 0, host_iter = 0;  // each tensor's iterations go 0, 1, 2, ...
+  constexpr uint64_t kPosts = 400;
+  gl_completion out[5];
+  while (next < kPosts) {
+    while (posted < kPosts) {
+      const bool device = posted % 3 != 2;
+      const int s = device ? gl_post(c.get(), dev_id, dev_iter, 0, 1 << 16, posted)
+                           : gl_post(c.get(), host_id, host_iter, 0, 1 << 12, posted);
+      if (s == GL_E_AGAIN) break;
+      ASSERT_EQ(s, GL_OK) << gl_last_error(c.get());
+      ++(device ? dev_iter : host_iter);
+      ++posted;
+    }
+    uint32_t n = 0;
+    ASSERT_EQ(gl_wait(c.get(), out, 5, &n, 30000), GL_OK) << gl_last_error(c.get());
+    for (uint32_t k = 0; k < n; ++k) {
+      EXPECT_EQ(out[k].status, GL_OK);
+      ASSERT_EQ(out[k].user_data, next++) << "out of order";
+    }
+  }
+}
+
+TEST(Device, OneThreadPostsAnotherWaits) {
+  ServerEnv env;
+  ClientPtr c = Connect(env, 16);
+  ASSERT_EQ(RegisterJob(c.get()), GL_OK);
+  DeviceBuffer dev(4096);
+  const std::vector<uint8_t> grad = Pattern(4096, 9);
+  dev.Write(grad);
+  uint32_t id = 0;
+  ASSERT_EQ(gl_register_device_tensor(c.get(), "t", dev.ptr(), 4096, GL_DTYPE_F32, 0, &id), GL_OK);
+  constexpr uint64_t kPosts = 2000;
+  std::thread poster([&, &c = c] {
+    for (uint64_t i = 0; i < kPosts;) {
+      const int s = gl_post(c.get(), id, static_cast<int64_t>(i), (i % 8) * 512, 512, i);
+      if (s == GL_OK) {
+        ++i;
+      } else if (s == GL_E_AGAIN) {
+        std::this_thread::yield();
+      } else {
+        ADD_FAILURE() << gl_strerror(s) << ": " << gl_last_error(c.get());
+        return;
+      }
+    }
+  });
+  uint64_t next = 0, bad = 0;
+  gl_completion out[16];
+  while (next < kPosts) {
+    uint32_t n = 0;
+    ASSERT_EQ(gl_wait(c.get(), out, 16, &n, 30000), GL_OK) << "at " << next;
+    for (uint32_t k = 0; k < n; ++k) bad += out[k].user_data != next++ || out[k].status != GL_OK;
+  }
+  poster.join();
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(dev.Read(), grad);
+}
+
+// Points GRADLANE_CUDA_LIBRARY (and fault settings) elsewhere for one test: the fake under
+// another name is loaded, and initialised, anew.
+class FakeDriverAs {
+ public:
+  FakeDriverAs(const std::string& name, const char* fault_var, const char* fault_value) {
+    fake_ = std::getenv("GRADLANE_CUDA_LIBRARY");
+    char tmpl[] = "/tmp/gradlane-cuda-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    link_ = dir_ + "/" + name;
+    EXPECT_EQ(::symlink(fake_.c_str(), link_.c_str()), 0);
+    ::setenv("GRADLANE_CUDA_LIBRARY", link_.c_str(), 1);
+    if (fault_var != nullptr) ::setenv(fault_var, fault_value, 1);
+    fault_var_ = fault_var ? fault_var : "";
+  }
+  ~FakeDriverAs() {
+    ::setenv("GRADLANE_CUDA_LIBRARY", fake_.c_str(), 1);
+    if (!fault_var_.empty()) ::unsetenv(fault_var_.c_str());
+    ::unlink(link_.c_str());
+    ::rmdir(dir_.c_str());
+  }
+
+ private:
+  std::string fake_, dir_, link_, fault_var_;
+};
+
+TEST(Device, RegistrationErrorsSayWhatIsWrong) {
+  ServerEnv env;
+  ClientPtr c = Connect(env);
+  ASSERT_EQ(RegisterJob(c.get()), GL_OK);
+  DeviceBuffer dev(4096);
+  uint32_t id = 0;
+  std::vector<uint8_t> host(4096);
+  EXPECT_EQ(gl_register_device_tensor(c.get(), "h", host.data(), 4096, GL_DTYPE_F32, 0, &id),
+            GL_E_INVALID_ARGUMENT);
+  EXPECT_THAT(gl_last_error(c.get()), testing::HasSubstr("not memory CUDA knows"));
+  EXPECT_EQ(gl_register_device_tensor(c.get(), "big", dev.ptr(), 4097, GL_DTYPE_F32, 0, &id),
+            GL_E_INVALID_ARGUMENT);
+  EXPECT_THAT(gl_last_error(c.get()), testing::HasSubstr("past the end of its allocation"));
+  EXPECT_EQ(gl_register_device_tensor(c.get(), "n", nullptr, 4096, GL_DTYPE_F32, 0, &id),
+            GL_E_INVALID_ARGUMENT);
+  {
+    const char* saved = std::getenv("GRADLANE_CUDA_LIBRARY");
+    const std::string fake = saved ? saved : "";
+    ::setenv("GRADLANE_CUDA_LIBRARY", "/nonexistent/libcuda.so.1", 1);
+    EXPECT_EQ(gl_register_device_tensor(c.get(), "d", dev.ptr(), 4096, GL_DTYPE_F32, 0, &id),
+              GL_E_DEVICE);
+    EXPECT_THAT(gl_last_error(c.get()), testing::HasSubstr("no CUDA driver"));
+    ::setenv("GRADLANE_CUDA_LIBRARY", fake.c_str(), 1);
+  }
+  {
+    FakeDriverAs no_gpu("libcuda-no-device.so", "GRADLANE_FAKE_CUDA_NO_DEVICE", "1");
+    EXPECT_EQ(gl_register_device_tensor(c.get(), "d", dev.ptr(), 4096, GL_DTYPE_F32, 0, &id),
+              GL_E_DEVICE);
+    EXPECT_THAT(gl_last_error(c.get()), testing::HasSubstr("no CUDA-capable device"));
+  }
+  // None of that cost the session anything: the same tensor registers and works.
+  ASSERT_EQ(gl_register_device_tensor(c.get(), "d", dev.ptr(), 4096, GL_DTYPE_F32, 0, &id), GL_OK)
+      << gl_last_error(c.get());
+  ASSERT_EQ(gl_post(c.get(), id, 0, 0, GL_WHOLE_TENSOR, 5), GL_OK);
+  EXPECT_EQ(WaitOne(c.get()).status, GL_OK);
+}
+
+TEST(Device, AFailedCopyIsReportedNotLost) {
+  ServerEnv env;
+  DeviceBuffer dev(4096);
+  {
+    // The first asynchronous copy fails: gl_post says so and queues nothing.
+    FakeDriverAs faulty("libcuda-fail-1.so", "GRADLANE_FAKE_CUDA_FAIL_COPY", "1");
+    ClientPtr c = Connect(env);
+    ASSERT_EQ(RegisterJob(c.get()), GL_OK);
+    uint32_t id = 0;
+    ASSERT_EQ(gl_register_device_tensor(c.get(), "t", dev.ptr(), 4096, GL_DTYPE_F32, 0, &id),
+              GL_OK);
+    EXPECT_EQ(gl_post(c.get(), id, 0, 0, GL_WHOLE_TENSOR, 1), GL_E_DEVICE);
+    EXPECT_THAT(gl_last_error(c.get()), testing::HasSubstr("illegal memory access"));
+    ASSERT_EQ(gl_post(c.get(), id, 0, 0, GL_WHOLE_TENSOR, 2), GL_OK) << "the client goes on";
+    EXPECT_EQ(WaitOne(c.get()).user_data, 2u);
+  }
+  {
+    // The second (the result's copy back) fails: its completion carries GL_E_DEVICE.
+    FakeDriverAs faulty("libcuda-fail-2.so", "GRADLANE_FAKE_CUDA_FAIL_COPY", "2");
+    ClientPtr c = Connect(env);
+    ASSERT_EQ(RegisterJob(c.get()), GL_OK);
+    uint32_t id = 0;
+    ASSERT_EQ(gl_register_device_tensor(c.get(), "t", dev.ptr(), 4096, GL_DTYPE_F32, 0, &id),
+              GL_OK);
+    ASSERT_EQ(gl_post(c.get(), id, 0, 0, GL_WHOLE_TENSOR, 1), GL_OK);
+    const gl_completion done = WaitOne(c.get());
+    EXPECT_EQ(done.status, GL_E_DEVICE);
+    EXPECT_EQ(done.user_data, 1u);
+    EXPECT_THAT(gl_last_error(c.get()), testing::HasSubstr("to the GPU"));
+  }
+}
+
+TEST(Device, CloseWithCopiesInFlightReleasesEverything) {
+  ServerEnv env;
+  const FakeCudaCounts before = FakeCounts();
+  {
+    DeviceBuffer dev(256 << 10);
+    ClientPtr c = Connect(env, 64);
+    ASSERT_EQ(RegisterJob(c.get()), GL_OK);
+    uint32_t id = 0;
+    ASSERT_EQ(gl_register_device_tensor(c.get(), "t", dev.ptr(), 256 << 10, GL_DTYPE_BF16, 0, &id),
+              GL_OK)
+        << gl_last_error(c.get());
+    for (int i = 0; i < 16; ++i) ASSERT_EQ(gl_post(c.get(), id, i, 0, 256 << 10, i), GL_OK);
+    EXPECT_TRUE(env.WaitFor([](const SessionServerStats& s) { return s.posts_ok >= 16; }));
+    gl_completion one{};
+    uint32_t n = 0;
+    ASSERT_EQ(gl_poll(c.get(), &one, 1, &n), GL_OK);  // takes some, and starts copies
+  }  // gl_close with copies to the GPU still queued, then the memory goes
+  const FakeCudaCounts after = FakeCounts();
+  EXPECT_EQ(after.host_registered, before.host_registered);
+  EXPECT_EQ(after.live_allocations, before.live_allocations);
 }
 
 }  // namespace

@@ -1,0 +1,121 @@
+// libclient/cuda_driver.h — the CUDA driver API calls libgradlane makes for tensors that live in
+// GPU memory, found at run time with dlopen.
+//
+// Why dlopen: no host ever needs a GPU driver to build, install or run libgradlane. A process
+// that never registers a device tensor never loads the driver; one that does, on a host without
+// a driver or a GPU, gets a clear error at registration (GL_E_DEVICE), never a crash.
+//
+// Which library: $GRADLANE_CUDA_LIBRARY if set (the tests point it at an in-memory fake driver,
+// tests/fakes/fake_cuda.cc), else libcuda.so.1. A library that loads but is the toolkit's link
+// stub, or whose cuInit fails, is refused with the driver's own words.
+//
+// Types: built against the toolkit's cuda.h where meson finds one (then every pointer below has
+// exactly the type cuda.h declares, which the compiler checks), else against the few stand-ins
+// below, whose values are the driver's stable ABI.
+//
+// Guarantees: LoadCudaDriver is thread-safe; a loaded driver is never unloaded (CUDA state
+// outlives any one client), so the table it returns stays valid for the life of the process.
+// The calls are the driver's own, with its thread rules (every one here is thread-safe).
+#ifndef GRADLANE_LIBCLIENT_CUDA_DRIVER_H_
+#define GRADLANE_LIBCLIENT_CUDA_DRIVER_H_
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+#if GRADLANE_HAVE_CUDA_H
+#include <cuda.h>
+#endif
+
+namespace gradlane::client {
+
+namespace cu {
+#if GRADLANE_HAVE_CUDA_H
+using Result = CUresult;
+using DevicePtr = CUdeviceptr;
+using Device = CUdevice;
+using Context = CUcontext;
+using Stream = CUstream;
+using Event = CUevent;
+using PointerAttribute = CUpointer_attribute;
+inline constexpr Result kSuccess = CUDA_SUCCESS;
+inline constexpr Result kErrorNotReady = CUDA_ERROR_NOT_READY;
+inline constexpr Result kErrorInvalidValue = CUDA_ERROR_INVALID_VALUE;
+inline constexpr PointerAttribute kPointerContext = CU_POINTER_ATTRIBUTE_CONTEXT;
+inline constexpr PointerAttribute kPointerMemoryType = CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+inline constexpr PointerAttribute kPointerRangeStart = CU_POINTER_ATTRIBUTE_RANGE_START_ADDR;
+inline constexpr PointerAttribute kPointerRangeSize = CU_POINTER_ATTRIBUTE_RANGE_SIZE;
+inline constexpr unsigned kMemoryTypeDevice = CU_MEMORYTYPE_DEVICE;
+inline constexpr unsigned kStreamNonBlocking = CU_STREAM_NON_BLOCKING;
+inline constexpr unsigned kEventDisableTiming = CU_EVENT_DISABLE_TIMING;
+inline constexpr unsigned kMemHostRegisterPortable = CU_MEMHOSTREGISTER_PORTABLE;
+#else
+using Result = int;
+using DevicePtr = unsigned long long;
+using Device = int;
+using Context = struct CUctx_st*;
+using Stream = struct CUstream_st*;
+using Event = struct CUevent_st*;
+using PointerAttribute = int;
+inline constexpr Result kSuccess = 0;
+inline constexpr Result kErrorNotReady = 600;
+inline constexpr Result kErrorInvalidValue = 1;
+inline constexpr PointerAttribute kPointerContext = 1;
+inline constexpr PointerAttribute kPointerMemoryType = 2;
+inline constexpr PointerAttribute kPointerRangeStart = 11;
+inline constexpr PointerAttribute kPointerRangeSize = 12;
+inline constexpr unsigned kMemoryTypeDevice = 2;
+inline constexpr unsigned kStreamNonBlocking = 1;
+inline constexpr unsigned kEventDisableTiming = 2;
+inline constexpr unsigned kMemHostRegisterPortable = 1;
+#endif
+}  // namespace cu
+
+// The driver's entry points (the versioned symbols cuda.h's macros name: cuMemAlloc is
+// cuMemAlloc_v2, ...). Those after the first group are for tools and tests that allocate
+// device memory themselves (gradlane-check --device=cuda); libgradlane does not call them.
+struct CudaDriver {
+  std::string library;  // what was loaded, for messages
+
+  cu::Result (*GetErrorString)(cu::Result, const char**);
+  cu::Result (*PointerGetAttribute)(void* data, cu::PointerAttribute, cu::DevicePtr);
+  cu::Result (*CtxPushCurrent)(cu::Context);
+  cu::Result (*CtxPopCurrent)(cu::Context*);
+  cu::Result (*StreamCreate)(cu::Stream*, unsigned flags);
+  cu::Result (*StreamDestroy)(cu::Stream);
+  cu::Result (*StreamSynchronize)(cu::Stream);
+  cu::Result (*EventCreate)(cu::Event*, unsigned flags);
+  cu::Result (*EventDestroy)(cu::Event);
+  cu::Result (*EventRecord)(cu::Event, cu::Stream);
+  cu::Result (*EventQuery)(cu::Event);
+  cu::Result (*EventSynchronize)(cu::Event);
+  cu::Result (*MemcpyDtoHAsync)(void* dst, cu::DevicePtr src, size_t bytes, cu::Stream);
+  cu::Result (*MemcpyHtoDAsync)(cu::DevicePtr dst, const void* src, size_t bytes, cu::Stream);
+  cu::Result (*MemHostRegister)(void* p, size_t bytes, unsigned flags);
+  cu::Result (*MemHostUnregister)(void* p);
+
+  cu::Result (*DeviceGetCount)(int*);
+  cu::Result (*DeviceGet)(cu::Device*, int ordinal);
+  cu::Result (*DevicePrimaryCtxRetain)(cu::Context*, cu::Device);
+  cu::Result (*DevicePrimaryCtxRelease)(cu::Device);
+  cu::Result (*CtxSetCurrent)(cu::Context);
+  cu::Result (*MemAlloc)(cu::DevicePtr*, size_t);
+  cu::Result (*MemFree)(cu::DevicePtr);
+  cu::Result (*MemcpyHtoD)(cu::DevicePtr dst, const void* src, size_t bytes);
+  cu::Result (*MemcpyDtoH)(void* dst, cu::DevicePtr src, size_t bytes);
+
+  // "CUDA error 700 (an illegal memory access was encountered)".
+  std::string Describe(cu::Result r) const;
+};
+
+// Loads and initialises the driver (cuInit) once per process and library path; a failure is
+// not remembered, so a later call tries again (a driver installed meanwhile, or another
+// $GRADLANE_CUDA_LIBRARY in a test). FailedPrecondition names the library and why: not found, a
+// symbol missing, the toolkit's link stub, or cuInit's error (no device, a driver older than the
+// kernel module).
+absl::StatusOr<const CudaDriver*> LoadCudaDriver();
+
+}  // namespace gradlane::client
+
+#endif  // GRADLANE_LIBCLIENT_CUDA_DRIVER_H_

@@ -1,0 +1,171 @@
+// libclient/device_staging.cc — GPU tensors staged through the arena (device_staging.h).
+#include "libclient/device_staging.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradlane::client {
+
+class DeviceStaging::ContextScope {
+ public:
+  ContextScope(const CudaDriver& cuda, cu::Context context) : cuda_(cuda) {
+    pushed_ = cuda_.CtxPushCurrent(context) == cu::kSuccess;
+  }
+  ~ContextScope() {
+    cu::Context popped = nullptr;
+    if (pushed_) cuda_.CtxPopCurrent(&popped);
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  const CudaDriver& cuda_;
+  bool pushed_ = false;
+};
+
+absl::StatusOr<DevicePointerInfo> InspectDevicePointer(const CudaDriver& cuda, cu::DevicePtr ptr,
+                                                       uint64_t bytes) {
+  unsigned memory_type = 0;
+  cu::Result r = cuda.PointerGetAttribute(&memory_type, cu::kPointerMemoryType, ptr);
+  if (r != cu::kSuccess) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "0x", absl::Hex(ptr), " is not memory CUDA knows (", cuda.Describe(r),
+        "): pass a device pointer (cuMemAlloc, cudaMalloc, a CUDA tensor's data_ptr)"));
+  }
+  if (memory_type != cu::kMemoryTypeDevice) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("0x", absl::Hex(ptr), " is host memory (CUDA memory type ", memory_type,
+                     "): register it with gl_register_tensor, or pass device memory"));
+  }
+  DevicePointerInfo info;
+  cu::DevicePtr start = 0;
+  size_t size = 0;
+  if ((r = cuda.PointerGetAttribute(&info.context, cu::kPointerContext, ptr)) != cu::kSuccess ||
+      (r = cuda.PointerGetAttribute(&start, cu::kPointerRangeStart, ptr)) != cu::kSuccess ||
+      (r = cuda.PointerGetAttribute(&size, cu::kPointerRangeSize, ptr)) != cu::kSuccess) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot query the allocation of 0x", absl::Hex(ptr), ": ", cuda.Describe(r)));
+  }
+  info.range_start = start;
+  info.range_bytes = size;
+  if (ptr - start > size || bytes > size - (ptr - start)) {
+    return absl::InvalidArgumentError(absl::StrCat(bytes, " bytes at 0x", absl::Hex(ptr),
+                                                   " run past the end of its allocation (", size,
+                                                   " bytes at 0x", absl::Hex(start), ")"));
+  }
+  return info;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceStaging>> DeviceStaging::Create(const CudaDriver& cuda,
+                                                                     cu::Context context,
+                                                                     void* arena,
+                                                                     uint64_t arena_bytes,
+                                                                     uint32_t completion_slots) {
+  std::unique_ptr<DeviceStaging> s(new DeviceStaging(cuda, context));
+  ContextScope scope(cuda, context);
+  cu::Result r;
+  if ((r = cuda.StreamCreate(&s->to_arena_, cu::kStreamNonBlocking)) != cu::kSuccess ||
+      (r = cuda.StreamCreate(&s->to_device_, cu::kStreamNonBlocking)) != cu::kSuccess) {
+    return absl::InternalError(absl::StrCat("cuStreamCreate: ", cuda.Describe(r)));
+  }
+  s->slots_.resize(std::max<uint32_t>(1, completion_slots));
+  for (Slot& slot : s->slots_) {
+    if ((r = cuda.EventCreate(&slot.event, cu::kEventDisableTiming)) != cu::kSuccess) {
+      return absl::InternalError(absl::StrCat("cuEventCreate: ", cuda.Describe(r)));
+    }
+  }
+  // Pinned, the copies are DMA transfers at the link's rate; refused (a memlock limit, a
+  // driver that cannot pin shared mappings) they go through the driver's bounce buffers.
+  s->arena_ = arena;
+  s->pinned_ =
+      cuda.MemHostRegister(arena, arena_bytes, cu::kMemHostRegisterPortable) == cu::kSuccess;
+  return s;
+}
+
+DeviceStaging::~DeviceStaging() {
+  ContextScope scope(cuda_, context_);
+  for (cu::Stream st : {to_arena_, to_device_}) {
+    if (st == nullptr) continue;
+    cuda_.StreamSynchronize(st);
+    cuda_.StreamDestroy(st);
+  }
+  for (Slot& slot : slots_) {
+    if (slot.event != nullptr) cuda_.EventDestroy(slot.event);
+  }
+  if (pinned_) cuda_.MemHostUnregister(arena_);
+}
+
+void DeviceStaging::Add(uint32_t id, cu::DevicePtr device, std::byte* staging, uint64_t bytes) {
+  if (tensors_.size() <= id) tensors_.resize(id + 1);
+  tensors_[id] = Tensor{device, staging, bytes};
+}
+
+absl::Status DeviceStaging::StageIn(uint32_t id, uint64_t offset, uint64_t length) {
+  const Tensor& t = tensors_[id];
+  if (length == 0 || offset > t.bytes || length > t.bytes - offset) return absl::OkStatus();
+  ContextScope scope(cuda_, context_);
+  cu::Result r = cuda_.MemcpyDtoHAsync(t.staging + offset, t.device + offset, length, to_arena_);
+  if (r == cu::kSuccess) r = cuda_.StreamSynchronize(to_arena_);
+  if (r != cu::kSuccess) {
+    return absl::InternalError(absl::StrCat("copying ", length, " bytes of tensor ", id,
+                                            " from the GPU: ", cuda_.Describe(r)));
+  }
+  return absl::OkStatus();
+}
+
+void DeviceStaging::FailSlot(Slot& s, const std::string& why) {
+  s.cqe.status = GL_E_DEVICE;
+  s.copying = false;
+  last_error_ = why;
+}
+
+void DeviceStaging::Accept(const gl_cqe& e) {
+  Slot& s = slots_[(head_ + count_) % slots_.size()];
+  ++count_;
+  s.cqe = e;
+  s.copying = false;
+  if (e.status != GL_OK || !IsDevice(e.tensor_id)) return;
+  const Tensor& t = tensors_[e.tensor_id];
+  // The daemon completes only ranges it accepted; clamping keeps a confused one from making us
+  // write past the tensor.
+  const uint64_t begin = std::min(e.offset, t.bytes);
+  const uint64_t length = std::min(e.length, t.bytes - begin);
+  if (length == 0) return;
+  ContextScope scope(cuda_, context_);
+  cu::Result r = cuda_.MemcpyHtoDAsync(t.device + begin, t.staging + begin, length, to_device_);
+  if (r == cu::kSuccess) r = cuda_.EventRecord(s.event, to_device_);
+  if (r != cu::kSuccess) {
+    FailSlot(s, absl::StrCat("copying the result of tensor ", e.tensor_id,
+                             " to the GPU: ", cuda_.Describe(r)));
+    return;
+  }
+  s.copying = true;
+}
+
+bool DeviceStaging::TakeReady(gl_cqe* out) {
+  if (count_ == 0) return false;
+  Slot& s = slots_[head_];
+  if (s.copying) {
+    const cu::Result r = cuda_.EventQuery(s.event);
+    if (r == cu::kErrorNotReady) return false;
+    if (r != cu::kSuccess) {
+      FailSlot(s, absl::StrCat("copying the result of tensor ", s.cqe.tensor_id,
+                               " to the GPU: ", cuda_.Describe(r)));
+    }
+    s.copying = false;
+  }
+  *out = s.cqe;
+  head_ = (head_ + 1) % slots_.size();
+  --count_;
+  return true;
+}
+
+void DeviceStaging::WaitForHead() {
+  if (count_ == 0 || !slots_[head_].copying) return;
+  // An error is not lost: TakeReady's query reports it.
+  cuda_.EventSynchronize(slots_[head_].event);
+}
+
+}  // namespace gradlane::client

@@ -1,0 +1,128 @@
+// libclient/device_staging.h — tensors that live in GPU memory, staged through the session's
+// shared-memory arena (gl_register_device_tensor).
+//
+// What it does: the daemon reads and writes the arena only, so a device tensor has a staging
+// buffer there like any tensor. gl_post copies the posted range device → arena on a stream of
+// our own before the descriptor goes to the daemon; a completion of a device tensor starts the
+// copy arena → device of the reduced range and is handed to the caller only once that copy has
+// finished, so the result is in GPU memory when the caller sees the completion. Completions
+// leave in the order they came from the daemon (host and device tensors alike).
+//
+// Why these rules: a post must not return before its bytes are in the arena (the daemon may
+// send them at once), and a completion must not be seen before its bytes are on the device
+// (the caller reuses the tensor then). Both copies run on this client's own non-blocking
+// streams, so the caller's compute streams never wait for them. The arena is pinned
+// (cuMemHostRegister) so that the copies are DMA transfers; where pinning is refused they still
+// work, through the driver's bounce buffers.
+//
+// Where the NIC can read GPU memory (dma-buf + RDMA verbs) staging is the fallback that path
+// keeps; docs/gpu.md says what is built.
+//
+// Threads (gradlane.h's rule: one thread may post while another polls): StageIn and the
+// tensor table are the poster's, Accept/TakeReady/WaitForHead the poller's; Add runs in control
+// calls, which are never concurrent with either. Each side has its own stream; the CUDA driver
+// is thread-safe.
+//
+// Memory: everything is allocated at Create and Add (control calls); posting and polling
+// allocate nothing. The pending completions are bounded by the completion ring's slots.
+#ifndef GRADLANE_LIBCLIENT_DEVICE_STAGING_H_
+#define GRADLANE_LIBCLIENT_DEVICE_STAGING_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "libclient/cuda_driver.h"
+#include "shm/abi.h"
+
+namespace gradlane::client {
+
+// Where a device pointer lives, as the driver reports it.
+struct DevicePointerInfo {
+  cu::Context context = nullptr;
+  cu::DevicePtr range_start = 0;  // the allocation holding it
+  uint64_t range_bytes = 0;
+};
+
+// Checks that [ptr, ptr + bytes) is device memory within one allocation. InvalidArgument
+// says what is wrong (host memory, an unknown pointer, a range past the allocation's end).
+absl::StatusOr<DevicePointerInfo> InspectDevicePointer(const CudaDriver& cuda, cu::DevicePtr ptr,
+                                                       uint64_t bytes);
+
+class DeviceStaging {
+ public:
+  // `arena` is pinned for the session's life; `completion_slots` bounds the completions held
+  // while their copies run (the completion ring's size: never more are outstanding).
+  static absl::StatusOr<std::unique_ptr<DeviceStaging>> Create(const CudaDriver& cuda,
+                                                               cu::Context context, void* arena,
+                                                               uint64_t arena_bytes,
+                                                               uint32_t completion_slots);
+  // Waits for copies still running (their memory is about to go), then frees streams and events
+  // and unpins the arena.
+  ~DeviceStaging();
+  DeviceStaging(const DeviceStaging&) = delete;
+  DeviceStaging& operator=(const DeviceStaging&) = delete;
+
+  cu::Context context() const { return context_; }
+  bool arena_pinned() const { return pinned_; }
+
+  // Control: tensor `id`'s data lives at `device`; `staging` is its buffer in the arena.
+  void Add(uint32_t id, cu::DevicePtr device, std::byte* staging, uint64_t bytes);
+  bool IsDevice(uint32_t id) const { return id < tensors_.size() && tensors_[id].bytes > 0; }
+
+  // Poster: copies bytes [offset, offset + length) of device tensor `id` into its staging
+  // buffer and waits for the copy. A range outside the tensor is left alone (the daemon refuses
+  // the descriptor with GL_E_BAD_RANGE). Internal error: the driver's words.
+  absl::Status StageIn(uint32_t id, uint64_t offset, uint64_t length);
+
+  // Poller. Full(): no room for another completion (stop taking from the ring).
+  bool Full() const { return count_ == slots_.size(); }
+  bool HasPending() const { return count_ > 0; }
+  // Takes a completion from the ring: a device tensor's successful one starts its copy back;
+  // a failed copy turns it into GL_E_DEVICE, with the reason kept for last_error().
+  void Accept(const gl_cqe& e);
+  // The oldest completion, if its copy (if any) has finished.
+  bool TakeReady(gl_cqe* out);
+  // Blocks until the oldest completion's copy has finished (gl_wait, when nothing else can
+  // arrive sooner).
+  void WaitForHead();
+  // Why the last completion turned into GL_E_DEVICE ("" if none has).
+  const std::string& last_error() const { return last_error_; }
+
+ private:
+  struct Tensor {
+    cu::DevicePtr device = 0;
+    std::byte* staging = nullptr;
+    uint64_t bytes = 0;
+  };
+  struct Slot {
+    gl_cqe cqe{};
+    cu::Event event = nullptr;  // created once, reused
+    bool copying = false;       // `event` marks a copy still to finish
+  };
+  // Pushes the tensors' context on the calling thread for the scope of one driver call chain
+  // (the caller's own current context is restored after).
+  class ContextScope;
+
+  DeviceStaging(const CudaDriver& cuda, cu::Context context) : cuda_(cuda), context_(context) {}
+  void FailSlot(Slot& s, const std::string& why);
+
+  const CudaDriver& cuda_;
+  cu::Context context_;
+  void* arena_ = nullptr;
+  bool pinned_ = false;
+  cu::Stream to_arena_ = nullptr;   // the poster's
+  cu::Stream to_device_ = nullptr;  // the poller's
+  std::vector<Tensor> tensors_;     // by tensor id; bytes 0 = a host tensor
+  std::vector<Slot> slots_;         // FIFO of completions held for their copies
+  size_t head_ = 0, count_ = 0;
+  std::string last_error_;
+};
+
+}  // namespace gradlane::client
+
+#endif  // GRADLANE_LIBCLIENT_DEVICE_STAGING_H_

@@ -1,0 +1,368 @@
+// tests/fakes/fake_cuda.cc — an in-memory CUDA driver (libgradlane_fake_cuda.so) for the tests
+// of GPU tensors on machines without a GPU: libgradlane loads it through
+// GRADLANE_CUDA_LIBRARY exactly as it loads libcuda.so.1.
+//
+// What it models, and why:
+// - Device memory is not host memory: a device pointer lies in an address range reserved with
+//   no access, and the bytes live elsewhere. Code that touches a device pointer as if it were a
+//   host one faults at once instead of passing by luck.
+// - Asynchronous copies are asynchronous: a copy on a stream happens only when the stream is
+//   synchronized or an event recorded after it is waited for — and the first cuEventQuery of an
+//   event says "not ready". Code that reads a copy's destination before waiting for it sees
+//   stale bytes and fails its bit-exact check.
+// - Faults on request, read by cuInit: GRADLANE_FAKE_CUDA_FAIL_COPY=N makes the Nth asynchronous
+//   copy after it (1-based, both directions) fail with CUDA error 700;
+//   GRADLANE_FAKE_CUDA_NO_DEVICE=1 makes cuInit say there is no device.
+// Only the calls libgradlane and its tools use exist; each is thread-safe (one mutex).
+// gradlane_fake_cuda_counts() lets a test see what happened.
+#include <sys/mman.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <vector>
+
+namespace {
+
+using Result = int;
+using DevicePtr = unsigned long long;
+
+constexpr Result kSuccess = 0;
+constexpr Result kInvalidValue = 1;
+constexpr Result kNotInitialized = 3;
+constexpr Result kNoDevice = 100;
+constexpr Result kInvalidHandle = 400;
+constexpr Result kNotReady = 600;
+constexpr Result kIllegalAddress = 700;
+
+constexpr int kAttrContext = 1;
+constexpr int kAttrMemoryType = 2;
+constexpr int kAttrRangeStart = 11;
+constexpr int kAttrRangeSize = 12;
+constexpr unsigned kMemoryTypeDevice = 2;
+
+// 16 GiB of address space, reserved without access or backing.
+constexpr uint64_t kDeviceSpace = uint64_t{16} << 30;
+constexpr uint64_t kAlign = 256;
+
+struct Event;
+struct Op {
+  std::byte* dst = nullptr;
+  const std::byte* src = nullptr;
+  size_t bytes = 0;
+  Event* marks = nullptr;  // an event's record point instead of a copy
+};
+struct Stream {
+  std::deque<Op> ops;
+};
+struct Event {
+  Stream* stream = nullptr;  // where it waits to be reached; null once reached
+  bool queried = false;
+};
+struct Context {
+  int device = 0;
+};
+
+struct State {
+  std::mutex mu;
+  bool initialised = false;
+  std::byte* space = nullptr;
+  uint64_t next = 0;
+  struct Alloc {
+    uint64_t bytes;
+    std::vector<std::byte> data;
+  };
+  std::map<DevicePtr, Alloc> allocs;
+  Context context;
+  uint64_t copies_to_host = 0, copies_to_device = 0, bytes_to_host = 0, bytes_to_device = 0;
+  uint64_t async_copies = 0, fail_copy_at = 0;
+  uint64_t host_registered = 0;
+};
+State& S() {
+  static State* s = new State();  // never destroyed: the library may be used during exit
+  return *s;
+}
+
+// The host bytes behind [p, p + n), or null when the range is not inside one allocation.
+std::byte* Translate(State& s, DevicePtr p, uint64_t n) {
+  auto it = s.allocs.upper_bound(p);
+  if (it == s.allocs.begin()) return nullptr;
+  --it;
+  const uint64_t off = p - it->first;
+  if (off > it->second.bytes || n > it->second.bytes - off) return nullptr;
+  return it->second.data.data() + off;
+}
+
+void RunUntil(Stream* st, const Event* until) {
+  while (!st->ops.empty()) {
+    Op op = st->ops.front();
+    st->ops.pop_front();
+    if (op.marks != nullptr) {
+      op.marks->stream = nullptr;
+      if (op.marks == until) return;
+    } else {
+      std::memcpy(op.dst, op.src, op.bytes);
+    }
+  }
+}
+
+Result Enqueue(State& s, Stream* st, std::byte* dst, const std::byte* src, size_t n) {
+  if (st == nullptr) return kInvalidHandle;
+  if (++s.async_copies == s.fail_copy_at) return kIllegalAddress;
+  st->ops.push_back(Op{dst, src, n, nullptr});
+  return kSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+
+Result cuInit(unsigned flags) {
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  if (flags != 0) return kInvalidValue;
+  if (const char* e = std::getenv("GRADLANE_FAKE_CUDA_NO_DEVICE"); e != nullptr && *e == '1') {
+    return kNoDevice;
+  }
+  // Counted from this cuInit on (a test loads the fake again under another name to arm it).
+  s.fail_copy_at = 0;
+  if (const char* e = std::getenv("GRADLANE_FAKE_CUDA_FAIL_COPY"); e != nullptr && *e != '\0') {
+    s.fail_copy_at = s.async_copies + std::strtoull(e, nullptr, 10);
+  }
+  if (s.space == nullptr) {
+    void* p = ::mmap(nullptr, kDeviceSpace, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+    if (p == MAP_FAILED) return kNoDevice;
+    s.space = static_cast<std::byte*>(p);
+  }
+  s.initialised = true;
+  return kSuccess;
+}
+
+Result cuGetErrorString(Result r, const char** text) {
+  if (text == nullptr) return kInvalidValue;
+  switch (r) {
+    case kSuccess:
+      *text = "no error";
+      break;
+    case kInvalidValue:
+      *text = "invalid argument";
+      break;
+    case kNotInitialized:
+      *text = "initialization error";
+      break;
+    case kNoDevice:
+      *text = "no CUDA-capable device is detected";
+      break;
+    case kInvalidHandle:
+      *text = "invalid resource handle";
+      break;
+    case kNotReady:
+      *text = "device not ready";
+      break;
+    case kIllegalAddress:
+      *text = "an illegal memory access was encountered";
+      break;
+    default:
+      *text = "unknown error";
+      return kInvalidValue;
+  }
+  return kSuccess;
+}
+
+Result cuDeviceGetCount(int* n) {
+  if (n == nullptr) return kInvalidValue;
+  *n = 1;
+  return kSuccess;
+}
+
+Result cuDeviceGet(int* dev, int ordinal) {
+  if (dev == nullptr || ordinal != 0) return kInvalidValue;
+  *dev = 0;
+  return kSuccess;
+}
+
+Result cuDevicePrimaryCtxRetain(Context** ctx, int dev) {
+  if (ctx == nullptr || dev != 0) return kInvalidValue;
+  *ctx = &S().context;
+  return kSuccess;
+}
+Result cuDevicePrimaryCtxRelease_v2(int dev) { return dev == 0 ? kSuccess : kInvalidValue; }
+Result cuCtxSetCurrent(Context*) { return kSuccess; }
+Result cuCtxPushCurrent_v2(Context* ctx) { return ctx == nullptr ? kInvalidHandle : kSuccess; }
+Result cuCtxPopCurrent_v2(Context** ctx) {
+  if (ctx != nullptr) *ctx = &S().context;
+  return kSuccess;
+}
+
+Result cuMemAlloc_v2(DevicePtr* out, size_t bytes) {
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  if (!s.initialised) return kNotInitialized;
+  if (out == nullptr || bytes == 0) return kInvalidValue;
+  const uint64_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+  if (rounded > kDeviceSpace - s.next) return kInvalidValue;
+  const DevicePtr p = reinterpret_cast<DevicePtr>(s.space + s.next);
+  s.next += rounded;  // never reused: a stale pointer never aliases a newer allocation
+  s.allocs.emplace(p, State::Alloc{bytes, std::vector<std::byte>(bytes)});
+  *out = p;
+  return kSuccess;
+}
+
+Result cuMemFree_v2(DevicePtr p) {
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  return s.allocs.erase(p) == 1 ? kSuccess : kInvalidValue;
+}
+
+Result cuPointerGetAttribute(void* data, int attribute, DevicePtr p) {
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  if (data == nullptr) return kInvalidValue;
+  auto it = s.allocs.upper_bound(p);
+  if (it == s.allocs.begin()) return kInvalidValue;
+  --it;
+  if (p - it->first >= it->second.bytes) return kInvalidValue;
+  switch (attribute) {
+    case kAttrContext:
+      *static_cast<Context**>(data) = &s.context;
+      return kSuccess;
+    case kAttrMemoryType:
+      *static_cast<unsigned*>(data) = kMemoryTypeDevice;
+      return kSuccess;
+    case kAttrRangeStart:
+      *static_cast<DevicePtr*>(data) = it->first;
+      return kSuccess;
+    case kAttrRangeSize:
+      *static_cast<size_t*>(data) = it->second.bytes;
+      return kSuccess;
+    default:
+      return kInvalidValue;
+  }
+}
+
+Result cuMemHostRegister_v2(void* p, size_t bytes, unsigned) {
+  if (p == nullptr || bytes == 0) return kInvalidValue;
+  std::lock_guard<std::mutex> l(S().mu);
+  ++S().host_registered;
+  return kSuccess;
+}
+Result cuMemHostUnregister(void* p) {
+  if (p == nullptr) return kInvalidValue;
+  std::lock_guard<std::mutex> l(S().mu);
+  if (S().host_registered == 0) return kInvalidValue;
+  --S().host_registered;
+  return kSuccess;
+}
+
+Result cuStreamCreate(Stream** st, unsigned) {
+  if (st == nullptr) return kInvalidValue;
+  *st = new Stream();
+  return kSuccess;
+}
+Result cuStreamSynchronize(Stream* st) {
+  if (st == nullptr) return kInvalidHandle;
+  std::lock_guard<std::mutex> l(S().mu);
+  RunUntil(st, nullptr);
+  return kSuccess;
+}
+Result cuStreamDestroy_v2(Stream* st) {
+  if (st == nullptr) return kInvalidHandle;
+  std::lock_guard<std::mutex> l(S().mu);
+  RunUntil(st, nullptr);  // the driver finishes queued work after a destroy
+  delete st;
+  return kSuccess;
+}
+
+Result cuEventCreate(Event** ev, unsigned) {
+  if (ev == nullptr) return kInvalidValue;
+  *ev = new Event();
+  return kSuccess;
+}
+Result cuEventDestroy_v2(Event* ev) {
+  if (ev == nullptr) return kInvalidHandle;
+  std::lock_guard<std::mutex> l(S().mu);
+  if (ev->stream != nullptr) RunUntil(ev->stream, ev);
+  delete ev;
+  return kSuccess;
+}
+Result cuEventRecord(Event* ev, Stream* st) {
+  if (ev == nullptr || st == nullptr) return kInvalidHandle;
+  std::lock_guard<std::mutex> l(S().mu);
+  if (ev->stream != nullptr) RunUntil(ev->stream, ev);  // re-recorded: the old point passes
+  ev->stream = st;
+  ev->queried = false;
+  st->ops.push_back(Op{nullptr, nullptr, 0, ev});
+  return kSuccess;
+}
+Result cuEventQuery(Event* ev) {
+  if (ev == nullptr) return kInvalidHandle;
+  std::lock_guard<std::mutex> l(S().mu);
+  if (ev->stream == nullptr) return kSuccess;
+  if (!ev->queried) {  // the first look always finds the copy still running
+    ev->queried = true;
+    return kNotReady;
+  }
+  RunUntil(ev->stream, ev);
+  return kSuccess;
+}
+Result cuEventSynchronize(Event* ev) {
+  if (ev == nullptr) return kInvalidHandle;
+  std::lock_guard<std::mutex> l(S().mu);
+  if (ev->stream != nullptr) RunUntil(ev->stream, ev);
+  return kSuccess;
+}
+
+Result cuMemcpyDtoHAsync_v2(void* dst, DevicePtr src, size_t n, Stream* st) {
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  const std::byte* from = Translate(s, src, n);
+  if (from == nullptr || dst == nullptr) return kInvalidValue;
+  const Result r = Enqueue(s, st, static_cast<std::byte*>(dst), from, n);
+  if (r == kSuccess) ++s.copies_to_host, s.bytes_to_host += n;
+  return r;
+}
+Result cuMemcpyHtoDAsync_v2(DevicePtr dst, const void* src, size_t n, Stream* st) {
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  std::byte* to = Translate(s, dst, n);
+  if (to == nullptr || src == nullptr) return kInvalidValue;
+  const Result r = Enqueue(s, st, to, static_cast<const std::byte*>(src), n);
+  if (r == kSuccess) ++s.copies_to_device, s.bytes_to_device += n;
+  return r;
+}
+Result cuMemcpyHtoD_v2(DevicePtr dst, const void* src, size_t n) {
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  std::byte* to = Translate(s, dst, n);
+  if (to == nullptr || src == nullptr) return kInvalidValue;
+  std::memcpy(to, src, n);
+  return kSuccess;
+}
+Result cuMemcpyDtoH_v2(void* dst, DevicePtr src, size_t n) {
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  const std::byte* from = Translate(s, src, n);
+  if (from == nullptr || dst == nullptr) return kInvalidValue;
+  std::memcpy(dst, from, n);
+  return kSuccess;
+}
+
+// For tests: what the fake saw (asynchronous copies and their bytes, live allocations, host
+// ranges still registered).
+struct gradlane_fake_cuda_counts_t {
+  uint64_t copies_to_host, bytes_to_host, copies_to_device, bytes_to_device;
+  uint64_t live_allocations, host_registered;
+};
+void gradlane_fake_cuda_counts(gradlane_fake_cuda_counts_t* out) {
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  *out = {s.copies_to_host,  s.bytes_to_host, s.copies_to_device,
+          s.bytes_to_device, s.allocs.size(), s.host_registered};
+}
+
+}  // extern "C"
