@@ -47,10 +47,12 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "libclient/cuda_driver.h"
 #include "libclient/gradlane.h"
 #include "tests/integration/client_flags.h"
 
@@ -327,8 +329,12 @@ struct CheckTensor {
   uint64_t elems = 0;
   uint64_t bytes = 0;
   uint32_t id = 0;
-  std::byte* buf = nullptr;         // in the shared arena
+  std::byte* buf = nullptr;         // in the shared arena (--device=cuda: host_copy)
   std::vector<std::byte> expected;  // this iteration's reference result
+  // --device=cuda: the tensor lives in GPU memory; buf is this host copy of it, written to the
+  // device before posting and read back from it when a range completes.
+  gradlane::client::cu::DevicePtr device = 0;
+  std::vector<std::byte> host_copy;
 };
 
 struct PendingPost {
@@ -359,6 +365,7 @@ struct Options {
   bool quiet = false;
   int64_t linger_ms = 0;
   std::string progress_file;  // rewritten as completions arrive, for the harness to watch
+  bool device = false;        // --device=cuda: tensors in GPU memory
 };
 
 // The slowest rate at which a loaded 2-core test machine still moves a big outstanding post:
@@ -373,12 +380,15 @@ void Usage() {
                "         [--seed=S] [--sizes=N,N,...(elements)] [--dtypes=f32,f16,bf16]\n"
                "         [--big_mb=M] [--reduce=sum|mean] [--timeout_ms=30000]\n"
                "         [--mode=ps|allreduce --ring_partition_bytes=B] [--values=random|integer]\n"
-               "         [--stall_at=K] [--expect_failure] [--quiet] [--progress_file=PATH]\n");
+               "         [--stall_at=K] [--expect_failure] [--quiet] [--progress_file=PATH]\n"
+               "         [--device=host|cuda]   (cuda: tensors in GPU memory, GPU 0)\n"
+               "       gradlane-check --probe_device   (exit 0: GPU 0 usable; 77: why not)\n");
 }
 
 class Checker {
  public:
   explicit Checker(Options o) : o_(std::move(o)) {}
+  ~Checker() { FreeDevice(); }
 
   int Run();
 
@@ -393,7 +403,14 @@ class Checker {
   // Rewrites --progress_file (at most every 200 ms, and always when `force`).
   void ReportProgress(bool force);
 
+  // --device=cuda: the driver, GPU 0's primary context made current, device memory per tensor.
+  int SetUpDevice();
+  void FreeDevice();
+
   Options o_;
+  const gradlane::client::CudaDriver* cuda_ = nullptr;
+  gradlane::client::cu::Device cuda_device_{};
+  bool cuda_context_retained_ = false;
   std::FILE* progress_ = nullptr;
   int64_t progress_written_ns_ = 0;
   gl_client* client_ = nullptr;
@@ -508,6 +525,14 @@ uint64_t Checker::Fill(size_t ti, int64_t iter) {
                            o_.mean, ring_part_elems);
       break;
   }
+  if (t.device != 0) {
+    const auto r = cuda_->MemcpyHtoD(t.device, t.buf, t.bytes);
+    if (r != gradlane::client::cu::kSuccess) {
+      std::fprintf(stderr, "gradlane-check: writing %s to the GPU: %s\n", t.name.c_str(),
+                   cuda_->Describe(r).c_str());
+      std::exit(1);
+    }
+  }
   return t.elems;
 }
 
@@ -586,6 +611,15 @@ int Checker::Verify(const gl_completion& c, std::vector<PendingPost>& posts) {
                 iter_, p.offset, p.length);
   }
   const uint64_t eb = ElemBytes(t.dtype);
+  if (t.device != 0) {
+    // The result must be in GPU memory by the time the completion is seen.
+    std::memset(t.buf + p.offset, 0xA5, p.length);
+    const auto r = cuda_->MemcpyDtoH(t.buf + p.offset, t.device + p.offset, p.length);
+    if (r != gradlane::client::cu::kSuccess) {
+      return Fail("reading %s [%" PRIu64 ", +%" PRIu64 ") back from the GPU: %s", t.name.c_str(),
+                  p.offset, p.length, cuda_->Describe(r).c_str());
+    }
+  }
   if (std::memcmp(t.buf + p.offset, t.expected.data() + p.offset, p.length) != 0) {
     uint64_t bad = 0, first = UINT64_MAX;
     for (uint64_t i = p.offset / eb; i < (p.offset + p.length) / eb; ++i) {
@@ -616,6 +650,35 @@ int Checker::Verify(const gl_completion& c, std::vector<PendingPost>& posts) {
   return 0;
 }
 
+int Checker::SetUpDevice() {
+  namespace cu = gradlane::client::cu;
+  auto cuda = gradlane::client::LoadCudaDriver();
+  if (!cuda.ok()) return Fail("--device=cuda: %s", std::string(cuda.status().message()).c_str());
+  cuda_ = *cuda;
+  int count = 0;
+  cu::Context ctx = nullptr;
+  cu::Result r = cuda_->DeviceGetCount(&count);
+  if (r == cu::kSuccess && count < 1) return Fail("--device=cuda: the driver sees no GPU");
+  if (r == cu::kSuccess) r = cuda_->DeviceGet(&cuda_device_, 0);
+  if (r == cu::kSuccess) r = cuda_->DevicePrimaryCtxRetain(&ctx, cuda_device_);
+  if (r == cu::kSuccess) {
+    cuda_context_retained_ = true;
+    r = cuda_->CtxSetCurrent(ctx);
+  }
+  if (r != cu::kSuccess) return Fail("--device=cuda: GPU 0: %s", cuda_->Describe(r).c_str());
+  return 0;
+}
+
+void Checker::FreeDevice() {
+  if (cuda_ == nullptr) return;
+  for (CheckTensor& t : tensors_) {
+    if (t.device != 0) cuda_->MemFree(t.device);
+    t.device = 0;
+  }
+  if (cuda_context_retained_) cuda_->DevicePrimaryCtxRelease(cuda_device_);
+  cuda_context_retained_ = false;
+}
+
 void Checker::ReportProgress(bool force) {
   if (progress_ == nullptr) return;
   const int64_t now = NowNs();
@@ -642,11 +705,27 @@ int Checker::Run() {
                ? Observed(std::string("registration refused: ") + gl_strerror(s))
                : Fail("set-up failed: %s", gl_strerror(s));
   }
+  if (o_.device && (s = SetUpDevice()) != 0) {
+    gl_close(client_);
+    return s;
+  }
   for (size_t i = 0; i < tensors_.size(); ++i) {
     CheckTensor& t = tensors_[i];
     void* buf = nullptr;
-    s = gl_register_tensor(client_, t.name.c_str(), t.bytes, t.dtype, static_cast<int32_t>(i),
-                           &t.id, &buf);
+    if (o_.device) {
+      const auto r = cuda_->MemAlloc(&t.device, t.bytes);
+      if (r != gradlane::client::cu::kSuccess) {
+        gl_close(client_);
+        return Fail("cuMemAlloc(%" PRIu64 "): %s", t.bytes, cuda_->Describe(r).c_str());
+      }
+      t.host_copy.resize(t.bytes);
+      buf = t.host_copy.data();
+      s = gl_register_device_tensor(client_, t.name.c_str(), reinterpret_cast<void*>(t.device),
+                                    t.bytes, t.dtype, static_cast<int32_t>(i), &t.id);
+    } else {
+      s = gl_register_tensor(client_, t.name.c_str(), t.bytes, t.dtype, static_cast<int32_t>(i),
+                             &t.id, &buf);
+    }
     if (s != GL_OK) {
       std::string msg = "gl_register_tensor(" + t.name + ", " + std::to_string(t.bytes) +
                         " bytes): " + gl_strerror(s) + " (" + gl_last_error(client_) + ")";
@@ -776,10 +855,26 @@ int main(int argc, char** argv) {
   std::vector<std::string> known = gradlane::testing::JobFlagNames();
   known.insert(known.end(),
                {"iterations", "seed", "sizes", "dtypes", "big_mb", "reduce", "stall_at",
-                "linger_ms", "progress_file", "ring_partition_bytes", "values"});
-  if (!f.Parse(argc, argv, known, {"expect_failure", "quiet", "self_test"})) {
+                "linger_ms", "progress_file", "ring_partition_bytes", "values", "device"});
+  if (!f.Parse(argc, argv, known, {"expect_failure", "quiet", "self_test", "probe_device"})) {
     Usage();
     return 2;
+  }
+  if (f.Bool("probe_device")) {
+    // For the gpu suite: 0 and a line if GPU 0 can be used, else 77 (skip) and why not.
+    auto cuda = gradlane::client::LoadCudaDriver();
+    int count = 0;
+    if (!cuda.ok()) {
+      std::printf("no GPU: %s\n", std::string(cuda.status().message()).c_str());
+      return 77;
+    }
+    if (const auto r = (*cuda)->DeviceGetCount(&count);
+        r != gradlane::client::cu::kSuccess || count < 1) {
+      std::printf("no GPU: the driver (%s) sees none\n", (*cuda)->library.c_str());
+      return 77;
+    }
+    std::printf("GPU: %d device(s) through %s\n", count, (*cuda)->library.c_str());
+    return 0;
   }
   if (!SelfTestConversions(f.Bool("self_test"))) return 1;
   if (f.Bool("self_test")) {
@@ -813,6 +908,12 @@ int main(int argc, char** argv) {
     ok = false;
   }
   g_integer_values = values == "integer";
+  const std::string device = f.Str("device", "host");
+  if (device != "host" && device != "cuda") {
+    std::fprintf(stderr, "error: --device must be host or cuda\n");
+    ok = false;
+  }
+  o.device = device == "cuda";
   if (o.job.mode == GL_MODE_ALLREDUCE && o.ring_partition_bytes == 0 && !g_integer_values) {
     std::fprintf(stderr,
                  "error: --mode=allreduce needs --ring_partition_bytes (the reference "

@@ -11,7 +11,8 @@
 #                             job: a busy machine makes a job slower, never a failure
 #   it_fail MSG               print the message and exit 1
 # Variables: GL_CHECK, IT_TOKEN (the token jobs use), IT_CLIENT_TIMEOUT_MS, IT_CHECK_EXTRA
-# (diagnosis only: extra gradlane-check flags for every client, e.g. --linger_ms=500).
+# (extra gradlane-check flags for every client: --device=cuda puts the tensors in GPU memory;
+# for diagnosis, e.g. --linger_ms=500).
 
 IT_TOKEN=""
 IT_CLIENT_TIMEOUT_MS=${IT_CLIENT_TIMEOUT_MS:-30000}
