@@ -79,6 +79,16 @@ class Client {
     return Wrap(gl_register_tensor(c_, name.c_str(), bytes, dtype, priority, &out->id, &out->data));
   }
 
+  // A tensor in GPU memory (gl_register_device_tensor, docs/gpu.md): out->data is the device
+  // pointer, where results land.
+  Result RegisterDeviceTensor(const std::string& name, void* device_ptr, uint64_t bytes,
+                              gl_dtype dtype, int32_t priority, Tensor* out) {
+    out->bytes = bytes;
+    out->data = device_ptr;
+    return Wrap(gl_register_device_tensor(c_, name.c_str(), device_ptr, bytes, dtype, priority,
+                                          &out->id));
+  }
+
   // Data path: plain status codes, no strings.
   int Post(uint32_t tensor_id, int64_t iteration, uint64_t offset = 0,
            uint64_t length = GL_WHOLE_TENSOR, uint64_t user_data = 0) {

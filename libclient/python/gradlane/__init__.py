@@ -93,6 +93,8 @@ _lib.gl_register_job_mode.argtypes = [_P, ctypes.POINTER(_JobInfo), ctypes.c_int
 _lib.gl_register_tensor.argtypes = [_P, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int,
                                     ctypes.c_int32, ctypes.POINTER(ctypes.c_uint32),
                                     ctypes.POINTER(_P)]
+_lib.gl_register_device_tensor.argtypes = [_P, ctypes.c_char_p, _P, ctypes.c_uint64, ctypes.c_int,
+                                           ctypes.c_int32, ctypes.POINTER(ctypes.c_uint32)]
 _lib.gl_post.argtypes = [_P, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64,
                          ctypes.c_uint64]
 _lib.gl_poll.argtypes = [_P, ctypes.POINTER(_Completion), ctypes.c_uint32,
@@ -104,7 +106,7 @@ _lib.gl_session_id.argtypes = [_P]
 _lib.gl_close.restype = None
 _lib.gl_close.argtypes = [_P]
 for _f in (_lib.gl_connect, _lib.gl_register_job, _lib.gl_register_job_mode,
-           _lib.gl_register_tensor, _lib.gl_post, _lib.gl_poll, _lib.gl_wait):
+           _lib.gl_register_tensor, _lib.gl_register_device_tensor, _lib.gl_post, _lib.gl_poll, _lib.gl_wait):
     _f.restype = ctypes.c_int
 
 
@@ -150,6 +152,16 @@ class Tensor:
         self.buffer = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
 
 
+class DeviceTensor:
+    """A tensor in GPU memory (Client.register_device_tensor): .id, .nbytes and .device_ptr.
+    Results land back in that device memory (docs/gpu.md)."""
+
+    def __init__(self, tid, device_ptr, nbytes):
+        self.id = tid
+        self.nbytes = nbytes
+        self.device_ptr = device_ptr
+
+
 class Client:
     def __init__(self, socket_path=None, arena_bytes=0, ring_slots=0, timeout_ms=0):
         opts = _ConnectOptions(socket_path.encode() if socket_path else None, arena_bytes,
@@ -191,6 +203,19 @@ class Client:
         t = Tensor(tid.value, addr.value, nbytes)
         self._tensors.append(t)
         return t
+
+    def register_device_tensor(self, name, device_ptr, nbytes, dtype="f32",
+                               priority=PRIORITY_AUTO):
+        """Registers `nbytes` of GPU memory at the integer device pointer `device_ptr` (e.g. a
+        CUDA tensor's data_ptr(); it must stay allocated until close). Posted like any tensor;
+        a completion is returned once the result is back in that device memory."""
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+        tid = ctypes.c_uint32()
+        self._check(_lib.gl_register_device_tensor(self._c, name.encode(), _P(device_ptr),
+                                                   nbytes, DTYPES[dtype], priority,
+                                                   ctypes.byref(tid)))
+        return DeviceTensor(tid.value, device_ptr, nbytes)
 
     def post(self, tensor_id, iteration, offset=0, length=WHOLE_TENSOR, user_data=0):
         """Posts a ready range. Returns False if the submission ring is full (poll, retry)."""

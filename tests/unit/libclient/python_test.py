@@ -1,5 +1,6 @@
 """Python binding test: `import gradlane` (ctypes) against a loopback session server.
 Run by meson: python_test.py SERVER_EXE (PYTHONPATH and GRADLANE_LIB set by meson)."""
+import ctypes
 import os
 import subprocess
 import sys
@@ -90,9 +91,44 @@ def run(sock):
             drained += len(c.wait(timeout_ms=2000))
         assert drained == posted
 
+    run_device(sock)
+
     # An all-reduce job registers in its own session.
     with gradlane.Client(sock, arena_bytes=1 << 20, ring_slots=64) as c2:
         c2.register_job("job-py-ar", rank=0, world_size=1, mode="allreduce")
+
+
+def run_device(sock):
+    """A tensor in GPU memory, on the in-memory CUDA driver meson names in GRADLANE_CUDA_LIBRARY
+    (tests/fakes/fake_cuda.cc): the server completes ranges as they are, so what comes back to
+    device memory must be what was posted, though the device copy was wiped meanwhile."""
+    lib = os.environ.get("GRADLANE_CUDA_LIBRARY")
+    assert lib, "the meson test sets GRADLANE_CUDA_LIBRARY to the fake CUDA driver"
+    cuda = ctypes.CDLL(lib)
+    assert cuda.cuInit(0) == 0
+    n = 8192
+    dptr = ctypes.c_ulonglong()
+    assert cuda.cuMemAlloc_v2(ctypes.byref(dptr), ctypes.c_size_t(n)) == 0
+    grad = bytes((i * 13 + 5) % 256 for i in range(n))
+    assert cuda.cuMemcpyHtoD_v2(dptr, grad, ctypes.c_size_t(n)) == 0
+    with gradlane.Client(sock, arena_bytes=1 << 20, ring_slots=16) as c:
+        c.register_job("job-py-gpu", rank=0, world_size=2, peers=["h0:9000", "h1:9000"])
+        host = ctypes.create_string_buffer(n)
+        e = expect_error(gradlane.E_INVALID_ARGUMENT, c.register_device_tensor, "h",
+                         ctypes.addressof(host), n)
+        assert "not memory CUDA knows" in str(e), str(e)
+        t = c.register_device_tensor("gpu.weight", dptr.value, n, dtype="f16", priority=0)
+        assert t.device_ptr == dptr.value and t.nbytes == n
+        assert c.post(t.id, iteration=0, user_data=7)
+        assert cuda.cuMemcpyHtoD_v2(dptr, bytes(n), ctypes.c_size_t(n)) == 0  # wipe it
+        got = []
+        while not got:
+            got = c.wait(timeout_ms=2000)
+        assert got[0].ok and got[0].user_data == 7, got[0]
+        back = ctypes.create_string_buffer(n)
+        assert cuda.cuMemcpyDtoH_v2(back, dptr, ctypes.c_size_t(n)) == 0
+        assert back.raw == grad, "the result did not come back to device memory"
+    assert cuda.cuMemFree_v2(dptr) == 0
 
 
 if __name__ == "__main__":
