@@ -1429,14 +1429,18 @@ TEST(Device, RegistrationErrorsSayWhatIsWrong) {
 TEST(Device, AFailedCopyIsReportedNotLost) {
   ServerEnv env;
   DeviceBuffer dev(4096);
+  auto connect_with_device_tensor = [&](uint32_t* id) {
+    ClientPtr c = Connect(env);
+    EXPECT_EQ(RegisterJob(c.get()), GL_OK);
+    EXPECT_EQ(gl_register_device_tensor(c.get(), "t", dev.ptr(), 4096, GL_DTYPE_F32, 0, id), GL_OK)
+        << gl_last_error(c.get());
+    return c;
+  };
   {
     // The first asynchronous copy fails: gl_post says so and queues nothing.
     FakeDriverAs faulty("libcuda-fail-1.so", "GRADLANE_FAKE_CUDA_FAIL_COPY", "1");
-    ClientPtr c = Connect(env);
-    ASSERT_EQ(RegisterJob(c.get()), GL_OK);
     uint32_t id = 0;
-    ASSERT_EQ(gl_register_device_tensor(c.get(), "t", dev.ptr(), 4096, GL_DTYPE_F32, 0, &id),
-              GL_OK);
+    ClientPtr c = connect_with_device_tensor(&id);
     EXPECT_EQ(gl_post(c.get(), id, 0, 0, GL_WHOLE_TENSOR, 1), GL_E_DEVICE);
     EXPECT_THAT(gl_last_error(c.get()), testing::HasSubstr("illegal memory access"));
     ASSERT_EQ(gl_post(c.get(), id, 0, 0, GL_WHOLE_TENSOR, 2), GL_OK) << "the client goes on";
@@ -1445,11 +1449,8 @@ TEST(Device, AFailedCopyIsReportedNotLost) {
   {
     // The second (the result's copy back) fails: its completion carries GL_E_DEVICE.
     FakeDriverAs faulty("libcuda-fail-2.so", "GRADLANE_FAKE_CUDA_FAIL_COPY", "2");
-    ClientPtr c = Connect(env);
-    ASSERT_EQ(RegisterJob(c.get()), GL_OK);
     uint32_t id = 0;
-    ASSERT_EQ(gl_register_device_tensor(c.get(), "t", dev.ptr(), 4096, GL_DTYPE_F32, 0, &id),
-              GL_OK);
+    ClientPtr c = connect_with_device_tensor(&id);
     ASSERT_EQ(gl_post(c.get(), id, 0, 0, GL_WHOLE_TENSOR, 1), GL_OK);
     const gl_completion done = WaitOne(c.get());
     EXPECT_EQ(done.status, GL_E_DEVICE);
