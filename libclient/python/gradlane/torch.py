@@ -154,7 +154,8 @@ def _check_dtype(what, t):
                             "float32, float16 and bfloat16 only")
     if t.device.type != "cpu":
         raise TrainingError(f"gradlane.torch: {what} is on {t.device}; this plugin trains on "
-                            "CPU tensors (GPU memory needs the verbs transport's GPUDirect)")
+                            "CPU tensors (libgradlane's GPU tensors, docs/gpu.md, are not wired "
+                            "into it yet)")
 
 
 def _float_buffers(model):
