@@ -197,6 +197,14 @@ json AdminCommand(TelemetryHub& hub, const AdminOptions& options, AdminCmd cmd) 
     const TimeNs now = SessionServer::MonotonicNow();
     const TimeNs hb = hub.heartbeat();
     const SessionServerStats ss = hub.session_stats();
+    // Outside the hub's lock: a backend may read files to describe itself (verbs: sysfs).
+    const transport::BackendDescription backend = hub.backend();
+    json backend_info = json::object();
+    for (const auto& [k, v] : backend.info) backend_info[k] = v;
+    json backend_counters = json::array();
+    for (const transport::BackendCounterValue& c : backend.counters) {
+      backend_counters.push_back(json{{"name", c.name}, {"value", c.value}, {"help", c.help}});
+    }
     json refused = json::object();
     for (int k = 0; k < static_cast<int>(Refusal::kCount); ++k) {
       refused[RefusalName(static_cast<Refusal>(k))] = ss.refused_by_reason[k];
@@ -214,7 +222,10 @@ json AdminCommand(TelemetryHub& hub, const AdminOptions& options, AdminCmd cmd) 
              {"wire_errors", ts.malformed()},
              {"tracing", st.trace().armed() ? st.trace().job_id() : std::string()},
              {"telemetry_events", st.events()},
-             {"telemetry_events_dropped", hub.events_dropped()}};
+             {"telemetry_events_dropped", hub.events_dropped()},
+             {"backend", backend.backend},
+             {"backend_info", std::move(backend_info)},
+             {"backend_counters", std::move(backend_counters)}};
       // Every counter under its own name (daemon/engine_counters.h, transport/counters.h; the
       // transport's per-peer totals prefixed "transport_").
       for (const auto& c : kEngineCounters) j[c.name] = es.*c.field;

@@ -143,6 +143,7 @@ int main(int argc, char** argv) {
     sources.engine_stats = [e] { return e->Stats(); };
     sources.transport_stats = [e] { return e->transport().Stats(); };
     sources.session_stats = [e] { return e->sessions().Stats(); };
+    sources.backend = [e] { return e->transport().DescribeBackend(); };
     sources.version = GRADLANE_VERSION;
     auto ops = gradlane::daemon::OpsServices::Start(*ops_config, std::move(sources));
     if (!ops.ok()) {

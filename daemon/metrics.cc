@@ -196,6 +196,33 @@ std::vector<MetricFamily> CollectMetrics(TelemetryHub& hub) {
     }
     fs.Counter(f, {{"kind", "telemetry_dropped"}}, static_cast<double>(hub.events_dropped()));
   }
+  {
+    // Which backend carries the peers' bytes, and the counters only it keeps (verbs: the RDMA
+    // data path, registrations and the device's port counters; docs/verbs.md).
+    const transport::BackendDescription b = hub.backend();
+    if (!b.backend.empty()) {
+      MetricFamily& f = fs.Family("gradlane_transport_info",
+                                  "the peer transport (value 1): backend (tcp, dpdk, verbs) and, "
+                                  "for verbs, the device, port and GID index",
+                                  MetricType::Gauge);
+      Labels labels{{"backend", b.backend}};
+      for (const auto& [k, v] : b.info) labels.push_back({k, v});
+      fs.Gauge(f, std::move(labels), 1);
+    }
+    for (const transport::BackendCounterValue& c : b.counters) {
+      if (c.metric.empty()) continue;
+      const bool gauge = c.type == transport::CounterType::Gauge;
+      MetricFamily& f =
+          fs.Family(c.metric, c.help, gauge ? MetricType::Gauge : MetricType::Counter);
+      Labels labels;
+      for (const auto& [k, v] : c.labels) labels.push_back({k, v});
+      if (gauge) {
+        fs.Gauge(f, std::move(labels), static_cast<double>(c.value));
+      } else {
+        fs.Counter(f, std::move(labels), static_cast<double>(c.value));
+      }
+    }
+  }
 
   hub.With([&](TelemetryState& st) {
     TrafficFamily(fs, "gradlane_sent_bytes_total",

@@ -31,6 +31,9 @@ struct HubSources {
   std::function<EngineStats()> engine_stats;                   // optional
   std::function<transport::TransportStats()> transport_stats;  // optional
   std::function<SessionServerStats()> session_stats;           // optional
+  // The backend's name, device and own counters (Transport::DescribeBackend); optional. May
+  // read files (the verbs port counters): called per scrape or status request, not cached.
+  std::function<transport::BackendDescription()> backend;
   // The NIC port's rate for utilization (bytes/s); 0: unknown (not exported).
   double link_bytes_per_second = 0;
   std::string version;
@@ -58,6 +61,9 @@ class TelemetryHub {
   }
   SessionServerStats session_stats() const {
     return sources_.session_stats ? sources_.session_stats() : SessionServerStats{};
+  }
+  transport::BackendDescription backend() const {
+    return sources_.backend ? sources_.backend() : transport::BackendDescription{};
   }
   uint64_t events_dropped() const { return sources_.telemetry->ring().dropped(); }
   sched::TimeNs heartbeat() const { return sources_.telemetry->heartbeat(); }

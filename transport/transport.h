@@ -6,7 +6,7 @@
 // "receive target resolver"), report completions, and expose live statistics.
 //
 // How the interface is expressed: `Transport` is an abstract class and the engine holds one
-// through a pointer, so the engine is compiled once for every backend (TCP, DPDK, later verbs;
+// through a pointer, so the engine is compiled once for every backend (TCP, DPDK, verbs;
 // an in-memory fake in the tests). That costs one indirect call per posted segment and per
 // Progress_st round: a few nanoseconds next to the microseconds a segment costs in the kernel
 // or on the NIC (docs/benchmarks.md measures it). Completions into the engine go through
@@ -18,7 +18,7 @@
 // one thread, the engine thread that owns the transport; handler callbacks run on that thread,
 // inside Progress_st (or synchronously inside Disconnect_st / RemoveJob_st for the peers they
 // close). Stats() and PeerStatsOf() may be
-// called from any thread (metrics): they read relaxed atomics.
+// called from any thread (metrics): they read relaxed atomics; so may DescribeBackend().
 //
 // Completion guarantees (every backend):
 //   - Sends to one peer go on the wire in PostSend_st order; a peer delivers and acknowledges
@@ -42,6 +42,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -300,6 +301,25 @@ inline constexpr CounterInfo<TransportStats> kTransportCounters[] = {
 #undef GRADLANE_TRANSPORT_INFO
 #undef GRADLANE_COUNTER_INFO
 
+// What a backend shows beyond the counters every backend keeps (Transport::DescribeBackend): its
+// name, what identifies its device, and counters of its own. Built when asked, on a reader's
+// thread (metrics, admin), so it may allocate; names, metrics and labels are bounded (one device
+// per daemon), never per peer or per tensor.
+struct BackendCounterValue {
+  std::string name;  // the key in the admin status reply and `gradlanectl counters`
+  CounterType type = CounterType::Counter;
+  std::string metric;  // the Prometheus family; "": the status reply and the ctl listing only
+  std::vector<std::pair<std::string, std::string>> labels;
+  std::string help;
+  uint64_t value = 0;
+};
+struct BackendDescription {
+  std::string backend;  // backend_name(): "tcp", "dpdk", "verbs", "fake"
+  // What identifies its device, in order (verbs: device, port, gid_index); empty for TCP.
+  std::vector<std::pair<std::string, std::string>> info;
+  std::vector<BackendCounterValue> counters;
+};
+
 // What a backend offers beyond the calls every backend has.
 struct TransportCapabilities {
   // Honours RecvTarget::by_piece: hands a payload to OnRecvPiece_st packet by packet (backends
@@ -317,7 +337,7 @@ class Transport {
   virtual ~Transport() = default;
 
   virtual TransportCapabilities capabilities() const = 0;
-  // "tcp", "dpdk", "fake": what gradlanectl and the metrics show.
+  // "tcp", "dpdk", "verbs", "fake": what gradlanectl and the metrics show.
   virtual std::string_view backend_name() const = 0;
 
   // Starts accepting peers at TransportOptions::listen_address:listen_port; returns the bound
@@ -355,6 +375,14 @@ class Transport {
 
   virtual TransportStats Stats() const = 0;
   virtual PeerStats PeerStatsOf(PeerHandle peer) const = 0;
+  // The backend's name, device and own counters, from any thread. A backend may read files here
+  // (verbs: the device's port counters in sysfs), so readers call it at scrape time, never the
+  // engine thread. The default: the name alone.
+  virtual BackendDescription DescribeBackend() const {
+    BackendDescription d;
+    d.backend = std::string(backend_name());
+    return d;
+  }
 };
 
 }  // namespace gradlane::transport

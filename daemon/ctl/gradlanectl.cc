@@ -2,8 +2,10 @@
 // (daemon/admin_server.h; protocol in docs/operations.md).
 //
 //   gradlanectl [--socket=PATH] [--json] [--timeout=SECONDS] COMMAND
-//     status                  daemon, engine heartbeat, totals
-//     counters                every engine counter with what it counts (daemon/engine_counters.h)
+//     status                  daemon, engine heartbeat, totals, the transport backend (verbs:
+//                             device, RDMA counters, registrations)
+//     counters                every counter with what it counts (daemon/engine_counters.h,
+//                             transport/counters.h, the backend's own: verbs_counters.h, sysfs)
 //     jobs                    jobs with iteration times
 //     peers                   every job's peer daemons: state, bytes each way
 //     queues                  queued bytes per priority class, credit, queueing delay
@@ -185,6 +187,64 @@ double Num(const json& j, const char* k) {
   return v.is_number() ? v.get<double>() : -1;
 }
 
+// A count, or "-" when the daemon did not say.
+std::string Count(double v) {
+  if (v < 0) return "-";
+  char out[32];
+  std::snprintf(out, sizeof(out), "%.0f", v);
+  return out;
+}
+
+// The value of the backend counter `name` (the status reply's "backend_counters" rows), -1 when
+// absent.
+double BackendCounter(const json& r, const std::string& name) {
+  for (const json& c : Array(r, "backend_counters")) {
+    const json& n = Member(c, "name");
+    if (n.is_string() && n.get<std::string>() == name) return Num(c, "value");
+  }
+  return -1;
+}
+
+// "backend verbs: device rxe0, port 1, GID index 1", then for verbs what its data path did.
+void PrintBackend(const json& r) {
+  const json& backend = Member(r, "backend");
+  if (!backend.is_string() || backend.get<std::string>().empty()) return;
+  std::string info;
+  const json& bi = Member(r, "backend_info");
+  for (const char* k : {"device", "port", "gid_index"}) {
+    if (Member(bi, k).is_null()) continue;
+    info += (info.empty() ? ": " : ", ") +
+            (std::string(k) == "gid_index" ? std::string("GID index") : std::string(k)) + " " +
+            Str(bi, k);
+  }
+  std::printf("backend        %s%s\n", backend.get<std::string>().c_str(), info.c_str());
+  if (backend.get<std::string>() != "verbs") return;
+  auto v = [&](const char* name) { return BackendCounter(r, std::string("verbs_") + name); };
+  auto bytes = [](double b) { return b < 0 ? std::string("-") : Bytes(b); };
+  std::printf("rdma sent      %s eager (%s), %s rendezvous (%s); %s credit stalls\n",
+              Count(v("eager_sends")).c_str(), bytes(v("eager_bytes")).c_str(),
+              Count(v("rendezvous_writes")).c_str(), bytes(v("rendezvous_bytes")).c_str(),
+              Count(v("credit_stalls")).c_str());
+  std::printf("rdma received  %s eager (%s), %s rendezvous (%s); %s refused\n",
+              Count(v("eager_received")).c_str(), bytes(v("eager_recv_bytes")).c_str(),
+              Count(v("rendezvous_received")).c_str(), bytes(v("rendezvous_recv_bytes")).c_str(),
+              Count(v("segments_refused")).c_str());
+  double errors = 0;
+  for (const char* e : {"flushed_completions", "remote_access_errors", "rnr_errors",
+                        "retry_exceeded_errors", "local_errors"}) {
+    errors = v(e) < 0 || errors < 0 ? -1 : errors + v(e);
+  }
+  std::printf(
+      "rdma           %s queue pairs, %s credits available; %s completions, %s errors (%s RNR); "
+      "%s channel failures\n",
+      Count(v("queue_pairs")).c_str(), Count(v("credits_available")).c_str(),
+      Count(v("completions")).c_str(), Count(errors).c_str(), Count(v("rnr_errors")).c_str(),
+      Count(v("channel_failures")).c_str());
+  std::printf("registrations  %s regions, %s registered; %s failed\n",
+              Count(v("registrations")).c_str(), bytes(v("registered_bytes")).c_str(),
+              Count(v("registration_failures")).c_str());
+}
+
 void PrintStatus(const json& r) {
   std::printf("gradlaned %s  pid %s  up %s\n", Str(r, "version").c_str(), Str(r, "pid").c_str(),
               Secs(Num(r, "uptime_seconds")).c_str());
@@ -221,6 +281,7 @@ void PrintStatus(const json& r) {
               Bytes(Num(r, "transport_bytes_sent")).c_str(),
               Bytes(Num(r, "transport_bytes_received")).c_str(), Str(r, "peers_up").c_str(),
               Str(r, "peers_down").c_str(), Str(r, "wire_errors").c_str());
+  PrintBackend(r);
   if (r.contains("tracing") && r["tracing"].is_string() &&
       !r["tracing"].get<std::string>().empty()) {
     std::printf("trace          recording job %s\n", r["tracing"].get<std::string>().c_str());
@@ -246,6 +307,12 @@ void PrintCounters(const json& r) {
   };
   for (const Row& row : kRows) {
     std::printf("%-28s %12s  %s\n", row.key, Str(r, row.key).c_str(), row.help);
+  }
+  // The backend's own (verbs: the RDMA data path, registrations, the port's counters), each
+  // with its help from the daemon: the port's counters are whatever the driver has.
+  for (const json& c : Array(r, "backend_counters")) {
+    std::printf("%-28s %12s  %s\n", Str(c, "name").c_str(), Str(c, "value").c_str(),
+                Str(c, "help").c_str());
   }
 }
 

@@ -5,13 +5,17 @@
 # eagerly with their header, the rest by RDMA WRITE with immediate); then two daemons. Then the
 # flush case: kill -9 of one daemon mid-job; the other ranks must get error completions (their
 # queue pairs flush, the TCP connections reset) within the bound, the survivors stay up, and a
-# job on a restarted daemon is bit-exact.
-#   verbs_exact.sh GRADLANED GRADLANE-CHECK     (inside the guest: tests/rxe/rxe-guest.sh -- ...)
+# job on a restarted daemon is bit-exact. After the W=3 jobs, daemon 0's `gradlanectl status`
+# and its /metrics must show the verbs backend on rxe0 and nonzero eager and rendezvous counters
+# both ways, no RNR and no refused registration (and the port's hw_counters where sysfs has them).
+#   verbs_exact.sh GRADLANED GRADLANE-CHECK [GRADLANECTL]
+#                                               (inside the guest: tests/rxe/rxe-guest.sh -- ...)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/netns.sh"
 source "$here/common.sh"
-it_init "$@"
+it_init "$1" "$2"
+CTL=${3:-}
 if ! ibv_devices 2>/dev/null | grep -q rxe; then
   echo "SKIP: no RDMA device (run it through tests/rxe/rxe-guest.sh)"
   exit 77
@@ -23,7 +27,8 @@ pt=2
 bound=$((2 * pt + 3))
 
 gl_env_init 3
-for i in 0 1 2; do gl_daemon_start "$i" --peer_timeout=${pt}s; done
+gl_daemon_start 0 --peer_timeout=${pt}s --metrics_address=127.0.0.1:0
+for i in 1 2; do gl_daemon_start "$i" --peer_timeout=${pt}s; done
 seed=300
 for policy in gradlane fifo; do
   seed=$((seed + 1))
@@ -32,6 +37,65 @@ for policy in gradlane fifo; do
   it_job_wait "v3-$policy" 200 || it_fail "W=3 $policy over verbs: a rank failed (above)"
   echo "W=3 $policy: 3 ranks x 3 iterations bit-exact over verbs ($((SECONDS - t0)) s)"
 done
+
+# What daemon 0 says about its backend after those jobs: gradlanectl and the metrics endpoint.
+line=$(grep -m1 'gradlaned: ops metrics=' "$GL_TMP/daemon0.err")
+[[ $line =~ metrics=([^ ]+)\ admin=([^ ]+) ]] || it_fail "no metrics/admin address in '$line'"
+metrics=${BASH_REMATCH[1]} admin=${BASH_REMATCH[2]}
+hw=/sys/class/infiniband/rxe0/ports/1/hw_counters
+if [[ -x $CTL ]]; then
+  "$CTL" --socket="$admin" status | tee "$GL_TMP/ctl-status.txt" | grep -E '^(backend|rdma|registrations|transport) '
+  grep -q '^backend  *verbs: device rxe0, port 1, GID index 1$' "$GL_TMP/ctl-status.txt" ||
+    it_fail "gradlanectl status does not name the verbs backend on rxe0 (above)"
+  "$CTL" --socket="$admin" --json status >"$GL_TMP/ctl-status.json"
+  python3 - "$GL_TMP/ctl-status.json" "$hw" <<'PY' || it_fail "gradlanectl's counters of the verbs backend (above)"
+import json, os, sys
+r = json.load(open(sys.argv[1]))
+c = {row["name"]: row["value"] for row in r["backend_counters"]}
+bad = []
+if r["backend"] != "verbs" or r["backend_info"].get("device") != "rxe0":
+    bad.append(f"backend {r['backend']} {r['backend_info']}")
+for k in ["eager_sends", "eager_bytes", "rendezvous_headers", "clear_to_send", "rendezvous_writes",
+          "rendezvous_bytes", "segments_acked", "eager_received", "rendezvous_received",
+          "receives_posted", "replies_written", "credit_writes", "completions"]:
+    if c.get("verbs_" + k, 0) <= 0:
+        bad.append(f"verbs_{k} = {c.get('verbs_' + k)}")
+for k in ["rnr_errors", "registration_failures"]:
+    if c.get("verbs_" + k) != 0:
+        bad.append(f"verbs_{k} = {c.get('verbs_' + k)}")
+if r["transport_bytes_sent"] < c["verbs_eager_bytes"] + c["verbs_rendezvous_bytes"]:
+    bad.append("transport_bytes_sent leaves out the RDMA data path")
+if os.path.isdir(sys.argv[2]) and c.get("verbs_hw_sent_pkts", 0) <= 0:
+    bad.append(f"{sys.argv[2]} exists but verbs_hw_sent_pkts = {c.get('verbs_hw_sent_pkts')}")
+print("  " + ", ".join(f"{k}={v}" for k, v in c.items() if k.startswith("verbs_hw_") or v))
+for b in bad: print("  wrong:", b)
+sys.exit(1 if bad else 0)
+PY
+else
+  echo "(gradlanectl not given: its check skipped)"
+fi
+python3 - "$metrics" <<'PY' || it_fail "the metrics endpoint's verbs families (above)"
+import re, sys, urllib.request
+text = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics", timeout=10).read().decode()
+def value(pattern):
+    m = re.search("^" + pattern + r" (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+want = {
+    r'gradlane_transport_info\{backend="verbs",device="rxe0",port="1",gid_index="1"\}': lambda v: v == 1,
+    r"gradlane_verbs_eager_sends_total": lambda v: v > 0,
+    r'gradlane_verbs_rendezvous_total\{step="write"\}': lambda v: v > 0,
+    r"gradlane_verbs_rendezvous_received_total": lambda v: v > 0,
+    r'gradlane_verbs_error_completions_total\{status="receiver_not_ready"\}': lambda v: v == 0,
+    r"gradlane_verbs_registrations": lambda v: v >= 0,
+}
+bad = [p for p, ok in want.items() if value(p) is None or not ok(value(p))]
+for line in text.splitlines():
+    if line.startswith(("gradlane_transport_info", "gradlane_verbs_rendezvous_total", "gradlane_verbs_hw_counters_total{device=\"rxe0\",port=\"1\",counter=\"sent_pkts\"}")):
+        print("  " + line)
+for p in bad: print("  missing or wrong:", p, value(p))
+sys.exit(1 if bad else 0)
+PY
+echo "daemon 0: gradlanectl and /metrics show the verbs backend on rxe0 and its RDMA counters"
 
 it_job_start doomed gradlane 100000 21 -- --expect_failure "${sizes[@]}"
 gl_wait_line "$GL_TMP/doomed.r0.out" 'iteration 1 ok' 200 "${GL_PID[doomed.r0]}" ||

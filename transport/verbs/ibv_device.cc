@@ -36,7 +36,11 @@ CompletionStatus StatusOf(ibv_wc_status s) {
 
 }  // namespace
 
-IbvMemory::~IbvMemory() { ibv_dereg_mr(mr_); }
+IbvMemory::~IbvMemory() {
+  counters_.registrations.Sub(1);
+  counters_.registered_bytes.Sub(mr_->length);
+  ibv_dereg_mr(mr_);
+}
 
 IbvQueuePair::~IbvQueuePair() { ibv_destroy_qp(qp_); }
 
@@ -208,8 +212,14 @@ absl::StatusOr<std::unique_ptr<IbvMemory>> IbvDevice::Register(void* base, uint6
                                                                bool remote_write) {
   const int access = IBV_ACCESS_LOCAL_WRITE | (remote_write ? IBV_ACCESS_REMOTE_WRITE : 0);
   ibv_mr* mr = ibv_reg_mr(pd_, base, bytes, access);
-  if (mr == nullptr) return Errno(errno, absl::StrCat("ibv_reg_mr of ", bytes, " bytes"));
-  return std::unique_ptr<IbvMemory>(new IbvMemory(mr));
+  if (mr == nullptr) {
+    const int err = errno;
+    registrations_.registration_failures.Add(1);
+    return Errno(err, absl::StrCat("ibv_reg_mr of ", bytes, " bytes"));
+  }
+  registrations_.registrations.Add(1);
+  registrations_.registered_bytes.Add(mr->length);
+  return std::unique_ptr<IbvMemory>(new IbvMemory(mr, registrations_));
 }
 
 absl::StatusOr<std::unique_ptr<IbvQueuePair>> IbvDevice::CreateQueuePair(uint32_t send_depth,

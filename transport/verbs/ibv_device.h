@@ -26,12 +26,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "transport/verbs/verbs_counters.h"
 #include "transport/verbs/verbs_queue_pair.h"
 #include "transport/verbs/verbs_wire.h"
 
 namespace gradlane::transport::verbs {
 
-// A registered memory region; deregistered when destroyed.
+// A registered memory region; deregistered when destroyed (and taken out of its device's
+// registration counters).
 class IbvMemory {
  public:
   ~IbvMemory();
@@ -44,8 +46,9 @@ class IbvMemory {
 
  private:
   friend class IbvDevice;
-  explicit IbvMemory(ibv_mr* mr) : mr_(mr) {}
+  IbvMemory(ibv_mr* mr, RegistrationCounters& counters) : mr_(mr), counters_(counters) {}
   ibv_mr* mr_;
+  RegistrationCounters& counters_;  // the device's, which outlives its registrations
 };
 
 class IbvQueuePair final : public QueuePair {
@@ -88,8 +91,11 @@ class IbvDevice {
   IbvDevice(const IbvDevice&) = delete;
   IbvDevice& operator=(const IbvDevice&) = delete;
 
+  // Counted in registrations() (a refusal too), from whichever thread registers.
   absl::StatusOr<std::unique_ptr<IbvMemory>> Register(void* base, uint64_t bytes,
                                                       bool remote_write);
+  // What is registered now, and the refusals so far; any thread.
+  const RegistrationCounters& registrations() const { return registrations_; }
   absl::StatusOr<std::unique_ptr<IbvQueuePair>> CreateQueuePair(uint32_t send_depth,
                                                                 uint32_t recv_depth);
   // Polls up to out.size() completions; returns how many, or an error if the queue failed.
@@ -116,6 +122,7 @@ class IbvDevice {
   int gid_index_ = 0;
   ibv_gid gid_{};
   ibv_mtu active_mtu_ = IBV_MTU_1024;
+  RegistrationCounters registrations_;
 };
 
 }  // namespace gradlane::transport::verbs

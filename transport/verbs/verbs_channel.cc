@@ -44,6 +44,24 @@ const char* CompletionStatusName(CompletionStatus status) {
   return "unknown status";
 }
 
+void CountCompletion(VerbsCounters& counters, const Completion& completion) {
+  counters.completions.Add_st(1);
+  switch (completion.status) {
+    case CompletionStatus::kSuccess:
+      return;
+    case CompletionStatus::kFlushed:
+      return counters.flushed_completions.Add_st(1);
+    case CompletionStatus::kRemoteAccessError:
+      return counters.remote_access_errors.Add_st(1);
+    case CompletionStatus::kReceiverNotReady:
+      return counters.rnr_errors.Add_st(1);
+    case CompletionStatus::kRetryExceeded:
+      return counters.retry_exceeded_errors.Add_st(1);
+    case CompletionStatus::kLocalError:
+      return counters.local_errors.Add_st(1);
+  }
+}
+
 absl::Status ChannelLimits::Validate() const {
   if (slot_bytes < kFrameHeaderBytes) {
     return absl::InvalidArgumentError(
@@ -64,8 +82,21 @@ absl::Status ChannelLimits::Validate() const {
 // ------------------------------------------------------------------------------------------ sender
 
 VerbsSender::VerbsSender(QueuePair& qp, const ChannelLimits& limits, const SenderMemory& memory,
-                         SenderEvents& events)
-    : qp_(qp), limits_(limits), memory_(memory), events_(events), pending_(limits.reply_entries) {}
+                         SenderEvents& events, VerbsCounters* counters)
+    : qp_(qp),
+      limits_(limits),
+      memory_(memory),
+      events_(events),
+      own_counters_(counters == nullptr ? std::make_unique<VerbsCounters>() : nullptr),
+      counters_(counters == nullptr ? *own_counters_ : *counters),
+      pending_(limits.reply_entries) {
+  counters_.queue_pairs.Add_st(1);
+}
+
+VerbsSender::~VerbsSender() {
+  counters_.queue_pairs.Sub_st(1);
+  counters_.credits_available.Sub_st(credits_published_);
+}
 
 uint32_t VerbsSender::credits() const {
   const uint64_t posted = LoadAcquire<uint64_t>(memory_.reply_region +
@@ -116,7 +147,8 @@ void VerbsSender::PostReady() {
         continue;
       }
       if (p.state != State::kCleared) break;  // its reply is not in yet
-      if (!HasCredit() || !SendQueueHasRoom()) return;
+      if (!HasCredit()) return NoteNoCredit();
+      if (!SendQueueHasRoom()) return;
       SendWork w;
       w.op = WorkOp::kWriteWithImm;
       w.sge[0] = {p.segment.payload_addr, static_cast<uint32_t>(p.segment.header.length),
@@ -131,8 +163,13 @@ void VerbsSender::PostReady() {
       ++forward_used_;
       p.state = State::kWriting;
       ++write_seq_;
+      counters_.rendezvous_writes.Add_st(1);
+      counters_.rendezvous_bytes.Add_st(p.segment.header.length);
+      credit_stalled_ = false;
     }
-    if (header_seq_ == next_seq_ || !HasCredit() || !SendQueueHasRoom()) return;
+    if (header_seq_ == next_seq_) return;
+    if (!HasCredit()) return NoteNoCredit();
+    if (!SendQueueHasRoom()) return;
     Pending& p = At(header_seq_);
     uint8_t* staged = memory_.headers + (header_seq_ & (pending_.size() - 1)) * kFrameHeaderBytes;
     std::memcpy(staged, &p.segment.header, kFrameHeaderBytes);
@@ -151,7 +188,30 @@ void VerbsSender::PostReady() {
     p.state = State::kHeaderSent;
     ++(p.eager ? eager_sent_ : rendezvous_sent_);
     ++header_seq_;
+    if (p.eager) {
+      counters_.eager_sends.Add_st(1);
+      counters_.eager_bytes.Add_st(p.segment.header.length);
+    } else {
+      counters_.rendezvous_headers.Add_st(1);
+    }
+    credit_stalled_ = false;
   }
+}
+
+void VerbsSender::NoteNoCredit() {
+  if (credit_stalled_) return;
+  credit_stalled_ = true;
+  counters_.credit_stalls.Add_st(1);
+}
+
+void VerbsSender::PublishCredits() {
+  const uint32_t now = failed_ ? 0 : credits();
+  if (now > credits_published_) {
+    counters_.credits_available.Add_st(now - credits_published_);
+  } else if (now < credits_published_) {
+    counters_.credits_available.Sub_st(credits_published_ - now);
+  }
+  credits_published_ = now;
 }
 
 int VerbsSender::Progress_st() {
@@ -183,16 +243,21 @@ int VerbsSender::Progress_st() {
       p.state = State::kCleared;
       p.target_addr = e.addr;
       p.target_rkey = e.rkey;
+      counters_.clear_to_send.Add_st(1);
     }
     ++reply_seq_;
     ++handled;
   }
   CompleteInOrder();
   PostReady();
+  // Once a round (the engine calls this every loop round per connection): the credit word is
+  // memory the peer writes, so the gauge is as fresh as the sender's last look at it.
+  PublishCredits();
   return handled;
 }
 
 void VerbsSender::OnCompletion_st(const Completion& c) {
+  CountCompletion(counters_, c);
   if (failed_) return;  // the flushes that follow the first error
   if (c.status != CompletionStatus::kSuccess) return Fail(CompletionError(c, "sender"));
   if (c.kind != CompletionKind::kSend || c.wr_id >= sq_posted_) {
@@ -217,9 +282,11 @@ void VerbsSender::CompleteInOrder() {
     Pending& p = At(done_seq_);
     if (p.state == State::kAcked) {
       ++done_seq_;
+      counters_.segments_acked.Add_st(1);
       events_.OnSendAcked_st(p.segment.cookie);
     } else if (p.state == State::kRefused) {
       ++done_seq_;
+      counters_.segments_failed.Add_st(1);
       events_.OnSendFailed_st(p.segment.cookie,
                               absl::NotFoundError("the receiver had no destination for it"));
     } else {
@@ -228,9 +295,12 @@ void VerbsSender::CompleteInOrder() {
   }
 }
 
-void VerbsSender::Fail(const absl::Status& why) {
+void VerbsSender::Fail(const absl::Status& why, bool count) {
   if (failed_) return;
   failed_ = true;
+  if (count) counters_.channel_failures.Add_st(1);
+  PublishCredits();
+  counters_.segments_failed.Add_st(next_seq_ - done_seq_);
   for (; done_seq_ < next_seq_; ++done_seq_) {
     events_.OnSendFailed_st(At(done_seq_).segment.cookie, why);
   }
@@ -244,13 +314,20 @@ namespace gradlane::transport::verbs {
 // ---------------------------------------------------------------------------------------- receiver
 
 VerbsReceiver::VerbsReceiver(QueuePair& qp, const ChannelLimits& limits,
-                             const ReceiverMemory& memory, ReceiverEvents& events)
+                             const ReceiverMemory& memory, ReceiverEvents& events,
+                             VerbsCounters* counters)
     : qp_(qp),
       limits_(limits),
       memory_(memory),
       events_(events),
+      own_counters_(counters == nullptr ? std::make_unique<VerbsCounters>() : nullptr),
+      counters_(counters == nullptr ? *own_counters_ : *counters),
       awaiting_(limits.reply_entries),
-      queued_replies_(limits.reply_entries) {}
+      queued_replies_(limits.reply_entries) {
+  counters_.queue_pairs.Add_st(1);
+}
+
+VerbsReceiver::~VerbsReceiver() { counters_.queue_pairs.Sub_st(1); }
 
 absl::Status VerbsReceiver::Start_st() {
   for (uint64_t slot = 0; slot < limits_.recv_slots; ++slot) {
@@ -260,6 +337,7 @@ absl::Status VerbsReceiver::Start_st() {
              limits_.slot_bytes, memory_.slots_lkey};
     if (absl::Status s = qp_.PostRecv(w); !s.ok()) return s;
     ++recv_posted_;
+    counters_.receives_posted.Add_st(1);
   }
   Flush_st();
   return absl::OkStatus();
@@ -272,6 +350,7 @@ void VerbsReceiver::Repost(uint64_t slot) {
            limits_.slot_bytes, memory_.slots_lkey};
   if (absl::Status s = qp_.PostRecv(w); !s.ok()) return Fail(s);
   ++recv_posted_;
+  counters_.receives_posted.Add_st(1);
 }
 
 void VerbsReceiver::QueueReply(uint64_t seq, ReplyKind kind, uint64_t addr, uint32_t rkey) {
@@ -291,6 +370,7 @@ void VerbsReceiver::QueueReply(uint64_t seq, ReplyKind kind, uint64_t addr, uint
 }
 
 void VerbsReceiver::OnCompletion_st(const Completion& c) {
+  CountCompletion(counters_, c);
   if (failed_) return;
   if (c.status != CompletionStatus::kSuccess) return Fail(CompletionError(c, "receiver"));
   switch (c.kind) {
@@ -339,12 +419,15 @@ void VerbsReceiver::OnReceive(const Completion& c) {
   const SegmentTarget target = events_.ResolveSegment_st(h);
   if (!target.accept) {
     ++refused_;
+    counters_.segments_refused.Add_st(1);
     events_.OnSegmentRefused_st(h);
     return QueueReply(seq, ReplyKind::kRefuse, 0, 0);
   }
   if (eager) {
     if (payload > 0) std::memcpy(target.local, slot + kFrameHeaderBytes, payload);
     ++placed_;
+    counters_.eager_received.Add_st(1);
+    counters_.eager_recv_bytes.Add_st(payload);
     events_.OnSegmentPlaced_st(h, target);
     return QueueReply(seq, ReplyKind::kAck, 0, 0);
   }
@@ -366,6 +449,8 @@ void VerbsReceiver::OnWriteArrived(const Completion& c) {
   }
   a.waiting = false;
   ++placed_;
+  counters_.rendezvous_received.Add_st(1);
+  counters_.rendezvous_recv_bytes.Add_st(c.byte_len);
   events_.OnSegmentPlaced_st(a.header, a.target);
 }
 
@@ -399,6 +484,7 @@ int VerbsReceiver::Flush_st() {
         memory_.peer_reply_addr + (e.seq & (limits_.reply_entries - 1)) * kReplyEntryBytes;
     if (!post_write(&e, sizeof(e), remote)) return posted;
     ++replies_posted_;
+    counters_.replies_written.Add_st(1);
   }
   if (recv_posted_ != credit_reported_ && room()) {
     const CreditWord word{recv_posted_};
@@ -406,13 +492,15 @@ int VerbsReceiver::Flush_st() {
         memory_.peer_reply_addr + size_t{limits_.reply_entries} * kReplyEntryBytes;
     if (!post_write(&word, sizeof(word), remote)) return posted;
     credit_reported_ = recv_posted_;
+    counters_.credit_writes.Add_st(1);
   }
   return posted;
 }
 
-void VerbsReceiver::Fail(const absl::Status& why) {
+void VerbsReceiver::Fail(const absl::Status& why, bool count) {
   if (failed_) return;
   failed_ = true;
+  if (count) counters_.channel_failures.Add_st(1);
   events_.OnChannelDown_st(why);
 }
 

@@ -23,15 +23,20 @@
 //     acknowledgement); send-queue room is counted from signaled completions.
 //   - An error or flush completion, or a reply that breaks the protocol, fails the channel: the
 //     sender fails its pending sends in order and reports down, once.
+// Counters: both ends count what they do into the VerbsCounters they are given
+// (verbs_counters.h; one set per transport, shared by its channels), on the engine thread, a
+// relaxed load+store per event as every backend's counters.
 // Thread rules: engine thread only. Ownership: the channel borrows the queue pair, the memory
 // and the events object; they outlive it.
 #ifndef GRADLANE_TRANSPORT_VERBS_VERBS_CHANNEL_H_
 #define GRADLANE_TRANSPORT_VERBS_VERBS_CHANNEL_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "transport/verbs/verbs_counters.h"
 #include "transport/verbs/verbs_queue_pair.h"
 #include "transport/verbs/verbs_wire.h"
 #include "transport/wire.h"
@@ -51,6 +56,10 @@ struct ChannelLimits {
   // 1 <= signal_every <= send_queue_depth / 2 (so room always comes back).
   absl::Status Validate() const;
 };
+
+// Counts one polled completion (in all, and errors by status). The channels count their own;
+// the transport counts those it routes to no channel (a queue pair already torn down).
+void CountCompletion(VerbsCounters& counters, const Completion& completion);
 
 // ---------------------------------------------------------------------------------------- sender
 
@@ -87,9 +96,13 @@ class VerbsSender {
  public:
   // The peer's limits (recv_slots, slot_bytes) come from its hello; reply_entries,
   // send_queue_depth and signal_every are this side's. Allocates the pending table (control
-  // path).
+  // path). Counts into `counters` (null: counters of its own, for tests that do not look).
   VerbsSender(QueuePair& qp, const ChannelLimits& limits, const SenderMemory& memory,
-              SenderEvents& events);
+              SenderEvents& events, VerbsCounters* counters = nullptr);
+  // Takes its queue pair and its credits out of the gauges.
+  ~VerbsSender();
+  VerbsSender(const VerbsSender&) = delete;
+  VerbsSender& operator=(const VerbsSender&) = delete;
 
   // Queues a segment behind the earlier ones and posts what credits allow.
   // ResourceExhausted: reply_entries segments pending (back-pressure); FailedPrecondition: the
@@ -103,7 +116,8 @@ class VerbsSender {
 
   // The connection is gone (its peer went down): fails every pending send in order and reports
   // down, once, as an error completion would.
-  void Abort_st(const absl::Status& why) { Fail(why); }
+  // Not counted as a channel failure: the peer's going down is counted by the transport.
+  void Abort_st(const absl::Status& why) { Fail(why, /*count=*/false); }
 
   bool failed() const { return failed_; }
   size_t pending() const { return static_cast<size_t>(next_seq_ - done_seq_); }
@@ -130,13 +144,19 @@ class VerbsSender {
   bool HasCredit() const { return credits() > 0; }
   absl::Status PostWork(SendWork& work, bool force_signal);
   void PostReady();
+  // A forward request is due and no credit is left: counted once per stall, not per round.
+  void NoteNoCredit();
+  // Moves the credits gauge by the change since the last call (0 once failed).
+  void PublishCredits();
   void CompleteInOrder();
-  void Fail(const absl::Status& why);
+  void Fail(const absl::Status& why, bool count = true);
 
   QueuePair& qp_;
   ChannelLimits limits_;
   SenderMemory memory_;
   SenderEvents& events_;
+  std::unique_ptr<VerbsCounters> own_counters_;  // when none were given
+  VerbsCounters& counters_;
   std::vector<Pending> pending_;  // ring of reply_entries, indexed by seq
   uint64_t next_seq_ = 0;         // the next segment's seq
   uint64_t header_seq_ = 0;       // the next header to post
@@ -148,6 +168,8 @@ class VerbsSender {
   uint64_t sq_completed_ = 0;
   uint64_t eager_sent_ = 0;
   uint64_t rendezvous_sent_ = 0;
+  uint32_t credits_published_ = 0;  // this channel's share of counters_.credits_available
+  bool credit_stalled_ = false;     // no credit since the last forward request posted
   bool failed_ = false;
 };
 
@@ -189,9 +211,13 @@ struct ReceiverMemory {
 
 class VerbsReceiver {
  public:
-  // reply_entries is the sender's (from its hello). Allocates the rendezvous table.
+  // reply_entries is the sender's (from its hello). Allocates the rendezvous table. Counts into
+  // `counters` (null: counters of its own).
   VerbsReceiver(QueuePair& qp, const ChannelLimits& limits, const ReceiverMemory& memory,
-                ReceiverEvents& events);
+                ReceiverEvents& events, VerbsCounters* counters = nullptr);
+  ~VerbsReceiver();  // takes its queue pair out of the gauge
+  VerbsReceiver(const VerbsReceiver&) = delete;
+  VerbsReceiver& operator=(const VerbsReceiver&) = delete;
 
   // Posts every receive slot and tells the sender (its first CreditWord).
   absl::Status Start_st();
@@ -200,8 +226,9 @@ class VerbsReceiver {
   // Posts the replies and the credit word that wait for send-queue room. Returns requests posted.
   int Flush_st();
 
-  // Stops handling completions (the owner tears the connection down); reports down once.
-  void Abort_st(const absl::Status& why) { Fail(why); }
+  // Stops handling completions (the owner tears the connection down); reports down once. Not
+  // counted as a channel failure.
+  void Abort_st(const absl::Status& why) { Fail(why, /*count=*/false); }
 
   bool failed() const { return failed_; }
   uint64_t placed() const { return placed_; }
@@ -218,12 +245,14 @@ class VerbsReceiver {
   void OnWriteArrived(const Completion& completion);
   void QueueReply(uint64_t seq, ReplyKind kind, uint64_t addr, uint32_t rkey);
   void Repost(uint64_t slot);
-  void Fail(const absl::Status& why);
+  void Fail(const absl::Status& why, bool count = true);
 
   QueuePair& qp_;
   ChannelLimits limits_;
   ReceiverMemory memory_;
   ReceiverEvents& events_;
+  std::unique_ptr<VerbsCounters> own_counters_;  // when none were given
+  VerbsCounters& counters_;
   std::vector<Awaiting> awaiting_;  // rendezvous segments cleared to send, by seq % entries
   // Replies decided but not yet posted (send queue full), in order: ring of reply_entries.
   std::vector<ReplyEntry> queued_replies_;

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "transport/verbs/verbs_describe.h"
 
 namespace gradlane::transport::verbs {
 
@@ -287,7 +288,7 @@ absl::Status VerbsTransport::StartReceiver_st(Conn& c) {
       *c.qp, l,
       ReceiverMemory{c.slots.data(), c.slots_mr->lkey(), c.staging.data(), c.staging_mr->lkey(),
                      peer.reply_addr, peer.reply_rkey},
-      *c.receiver_sink);
+      *c.receiver_sink, &counters_);
   by_qp_[c.qp->qp_num()] = &c;
   VerbsHello& out = setup_[size_t{c.setup_slot} * 2];
   out = c.qp->LocalHello();
@@ -348,7 +349,7 @@ void VerbsTransport::OnRecvDone_st(const PeerInfo& peer, const FrameHeader&, con
   c.sender_sink = std::make_unique<SenderSink>(*this, c);
   c.sender = std::make_unique<VerbsSender>(
       *c.qp, l, SenderMemory{c.reply_region.data(), c.headers.data(), c.headers_mr->lkey()},
-      *c.sender_sink);
+      *c.sender_sink, &counters_);
   // Sends posted during the set-up go first, in their order, then the engine hears the peer
   // is up (and may post more behind them).
   std::vector<SendSpec> early;
@@ -412,12 +413,17 @@ void VerbsTransport::PollCompletions_st() {
     if (!n.ok() || *n == 0) return;
     for (size_t i = 0; i < *n; ++i) {
       auto it = by_qp_.find(wc[i].qp_num);
-      if (it == by_qp_.end()) continue;  // a queue pair already torn down (its flushes)
+      if (it == by_qp_.end()) {  // a queue pair already torn down (its flushes)
+        CountCompletion(counters_, wc[i].completion);
+        continue;
+      }
       Conn& c = *it->second;
       if (c.sender != nullptr) {
-        c.sender->OnCompletion_st(wc[i].completion);
+        c.sender->OnCompletion_st(wc[i].completion);  // counts it
       } else if (c.receiver != nullptr) {
         c.receiver->OnCompletion_st(wc[i].completion);
+      } else {
+        CountCompletion(counters_, wc[i].completion);
       }
     }
   }
@@ -463,6 +469,45 @@ bool VerbsTransport::HasDeferredWork_st() const {
     if (c->sender != nullptr && c->sender->AwaitingPeer()) return true;
   }
   return false;
+}
+
+}  // namespace gradlane::transport::verbs
+
+namespace gradlane::transport::verbs {
+
+VerbsStats VerbsTransport::VerbsStatsNow() const {
+  VerbsStats v;
+  counters_.SnapshotInto(v);
+  device_->registrations().SnapshotInto(v);
+  return v;
+}
+
+TransportStats VerbsTransport::Stats() const {
+  TransportStats s = tcp_->Stats();
+  // The segments themselves never touch the TCP connections: their bytes and frames are the
+  // channels'. A rendezvous segment's frame is its header; its acknowledgement the write's own
+  // completion. acks_sent stays the TCP connections' (a receiver writes no ack for a rendezvous
+  // segment).
+  VerbsStats v;
+  counters_.SnapshotInto(v);
+  s.total.bytes_sent += v.eager_bytes + v.rendezvous_bytes;
+  s.total.frames_sent += v.eager_sends + v.rendezvous_headers;
+  s.total.bytes_received += v.eager_recv_bytes + v.rendezvous_recv_bytes;
+  s.total.frames_received += v.eager_received + v.rendezvous_received + v.segments_refused;
+  s.total.acks_received += v.segments_acked;
+  s.total.sends_failed += v.segments_failed;
+  return s;
+}
+
+BackendDescription VerbsTransport::DescribeBackend() const {
+  BackendDescription d;
+  d.backend = std::string(backend_name());
+  d.info = {{"device", device_->name()},
+            {"port", absl::StrCat(device_->port())},
+            {"gid_index", absl::StrCat(device_->gid_index())}};
+  AppendVerbsCounters(VerbsStatsNow(), d.counters);
+  AppendPortCounters(kSysfsInfiniband, device_->name(), device_->port(), d.counters);
+  return d;
 }
 
 }  // namespace gradlane::transport::verbs

@@ -22,6 +22,9 @@
 // channel and the TCP transport's descriptor are both in this backend's wait_fd (an epoll set).
 // While a sender waits for replies (memory the peer writes, which raises no event), Progress_st
 // does not sleep and HasDeferredWork_st is true.
+// Counters: the channels count the data path into this transport's VerbsCounters and the device
+// its registrations (verbs_counters.h); Stats() adds the data path to the totals every backend
+// reports, and DescribeBackend() lists them all with the device's port counters (sysfs).
 // Thread rules: as every transport (transport/transport.h): `_st` on the engine thread.
 #ifndef GRADLANE_TRANSPORT_VERBS_VERBS_TRANSPORT_H_
 #define GRADLANE_TRANSPORT_VERBS_VERBS_TRANSPORT_H_
@@ -64,10 +67,17 @@ class VerbsTransport final : public Transport, private TransportHandler {
   absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec) override;
   int Progress_st(TimeNs now, int wait_ms) override;
   bool HasDeferredWork_st() const override;
-  TransportStats Stats() const override { return tcp_->Stats(); }
+  // The TCP connections' counters (hellos, set-up frames), plus the RDMA data path in the totals.
+  TransportStats Stats() const override;
   PeerStats PeerStatsOf(PeerHandle peer) const override { return tcp_->PeerStatsOf(peer); }
 
+  // "verbs", the device, port and GID index, every counter of verbs_counters.h and the port's
+  // own counters (read from sysfs: a scrape's thread, never the engine's).
+  BackendDescription DescribeBackend() const override;
+
   const IbvDevice& device() const { return *device_; }
+  // Every counter of verbs_counters.h now: the data path's and the registrations' (any thread).
+  VerbsStats VerbsStatsNow() const;
 
  private:
   struct Conn;
@@ -96,6 +106,8 @@ class VerbsTransport final : public Transport, private TransportHandler {
   TransportOptions options_;
   VerbsOptions verbs_;
   TransportHandler* handler_;
+  // Declared before the connections: their channels count into it until they are destroyed.
+  VerbsCounters counters_;
   std::unique_ptr<IbvDevice> device_;
   std::unique_ptr<tcp::TcpTransport> tcp_;
   RegionTable regions_;

@@ -26,6 +26,9 @@ cat >"$DIR/replies" <<'REPLIES'
 {"ok":true,"jobs":[{"classes":7}],"queueing_delay":"no"}
 {"ok":true,"jobs":null,"segment_latency":[null]}
 {"ok":true,"version":[1],"pid":{"x":1},"client_connections_refused":[1],"tracing":7}
+{"ok":true,"backend":"verbs","backend_info":[1],"backend_counters":[5,{"name":3,"value":"x"},{"name":"verbs_eager_sends","value":"many"}]}
+{"ok":true,"backend":7,"backend_info":{"device":[2]},"backend_counters":{"a":1}}
+{"ok":true,"backend":"verbs","backend_counters":[7,{"name":null,"help":[1]}]}
 {"ok":true,"trace":{"traceEvents":3,"otherData":5}}
 {"ok":true,"trace":{"otherData":{"first_iteration":"1","iterations":[2],"spans_dropped":"lots"}}}
 {"ok":true,"trace":[]}
@@ -67,6 +70,9 @@ ask 0 jobs       # jobs missing
 ask 0 queues     # classes and queueing_delay of the wrong type
 ask 0 bandwidth  # jobs null, a null latency row
 ask 0 status     # status members of the wrong types
+ask 0 status     # a verbs backend whose info and counters are of the wrong shapes
+ask 0 status     # backend not a string, counters an object
+ask 0 counters   # backend counter rows of the wrong shapes
 ask 0 trace j    # traceEvents and otherData of the wrong type
 ask 0 trace j    # otherData members of the wrong type
 ask 1 trace j    # trace not an object

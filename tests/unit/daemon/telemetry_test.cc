@@ -1,6 +1,7 @@
 // Unit tests of the operator telemetry (issue #7): the engine→reader ring and snapshot exchange,
 // the reader's state (histograms, queues, preemptions, iteration times, retention), traces,
-// the Prometheus families, the admin commands and servers, and the ops flags' parsers.
+// the Prometheus families (the transport backend's own included: a verbs description with its
+// counters and a port counter), the admin commands and servers, and the ops flags' parsers.
 #include "daemon/telemetry.h"
 
 #include <sys/socket.h>
@@ -21,6 +22,7 @@
 #include "daemon/telemetry_state.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "transport/verbs/verbs_describe.h"
 
 namespace gradlane::daemon {
 namespace {
@@ -380,6 +382,27 @@ struct HubFixture {
       t.errors[static_cast<size_t>(transport::WireError::kAuthFailed)] = 2;
       return t;
     };
+    src.backend = [] {
+      // As VerbsTransport describes itself, with a port counter as soft-RoCE has one.
+      transport::BackendDescription d;
+      d.backend = "verbs";
+      d.info = {{"device", "rxe0"}, {"port", "1"}, {"gid_index", "1"}};
+      transport::verbs::VerbsStats v;
+      v.eager_sends = 7;
+      v.rendezvous_headers = 3;
+      v.clear_to_send = 3;
+      v.rendezvous_writes = 3;
+      v.registrations = 5;
+      v.rnr_errors = 1;
+      transport::verbs::AppendVerbsCounters(v, d.counters);
+      d.counters.push_back({"verbs_hw_sent_pkts",
+                            transport::CounterType::Counter,
+                            "gradlane_verbs_hw_counters_total",
+                            {{"device", "rxe0"}, {"port", "1"}, {"counter", "sent_pkts"}},
+                            "the driver's counter",
+                            12});
+      return d;
+    };
     src.version = "test";
     src.link_bytes_per_second = 1.25e9;
     hub = std::make_unique<TelemetryHub>(std::move(src));
@@ -445,6 +468,62 @@ TEST(MetricsTest, FamiliesFollowPrometheusConventions) {
   EXPECT_EQ(up->metric[0].gauge.value + up->metric[1].gauge.value, 1);  // one up, one down
 }
 
+// The sample of family `name` whose labels include every one of `want`; null when none.
+const prometheus::ClientMetric* Sample(const std::vector<prometheus::MetricFamily>& families,
+                                       const std::string& name,
+                                       const std::map<std::string, std::string>& want = {}) {
+  for (const auto& f : families) {
+    if (f.name != name) continue;
+    for (const auto& m : f.metric) {
+      size_t matched = 0;
+      for (const auto& l : m.label) {
+        const auto it = want.find(l.name);
+        if (it != want.end() && it->second == l.value) ++matched;
+      }
+      if (matched == want.size()) return &m;
+    }
+  }
+  return nullptr;
+}
+
+TEST(MetricsTest, TheTransportBackendAndItsOwnCountersAreExported) {
+  HubFixture f;
+  const auto families = CollectMetrics(*f.hub);
+  const auto* info =
+      Sample(families, "gradlane_transport_info",
+             {{"backend", "verbs"}, {"device", "rxe0"}, {"port", "1"}, {"gid_index", "1"}});
+  ASSERT_NE(info, nullptr);
+  EXPECT_EQ(info->gauge.value, 1);
+  const auto* eager = Sample(families, "gradlane_verbs_eager_sends_total");
+  ASSERT_NE(eager, nullptr);
+  EXPECT_EQ(eager->counter.value, 7);
+  for (const char* step : {"header", "clear_to_send", "write"}) {
+    const auto* r = Sample(families, "gradlane_verbs_rendezvous_total", {{"step", step}});
+    ASSERT_NE(r, nullptr) << step;
+    EXPECT_EQ(r->counter.value, 3) << step;
+  }
+  const auto* rnr = Sample(families, "gradlane_verbs_error_completions_total",
+                           {{"status", "receiver_not_ready"}});
+  ASSERT_NE(rnr, nullptr);
+  EXPECT_EQ(rnr->counter.value, 1);
+  const auto* regs = Sample(families, "gradlane_verbs_registrations");
+  ASSERT_NE(regs, nullptr);
+  EXPECT_EQ(regs->gauge.value, 5);
+  const auto* hw = Sample(families, "gradlane_verbs_hw_counters_total", {{"counter", "sent_pkts"}});
+  ASSERT_NE(hw, nullptr);
+  EXPECT_EQ(hw->counter.value, 12);
+  // A counter without a metric of its own is left to the status reply.
+  for (const auto& fam : families) EXPECT_EQ(fam.name.find("segments_acked"), std::string::npos);
+  const auto types = [&](const std::string& name) {
+    for (const auto& fam : families) {
+      if (fam.name == name) return fam.type;
+    }
+    return prometheus::MetricType::Untyped;
+  };
+  EXPECT_EQ(types("gradlane_verbs_registered_bytes"), prometheus::MetricType::Gauge);
+  EXPECT_EQ(types("gradlane_verbs_completions_total"), prometheus::MetricType::Counter);
+}
+
 TEST(MetricsServerTest, ServesAndABusyPortIsAnError) {
   HubFixture f;
   auto a = MetricsServer::Start("127.0.0.1:0", f.hub.get());
@@ -463,6 +542,16 @@ TEST(AdminCommandTest, CommandsAndErrors) {
   EXPECT_TRUE(r["ok"]);
   EXPECT_EQ(r["jobs_active"], 1);
   EXPECT_EQ(r["posts_completed"], 42);
+  EXPECT_EQ(r["backend"], "verbs");
+  EXPECT_EQ(r["backend_info"]["device"], "rxe0");
+  EXPECT_EQ(r["backend_info"]["gid_index"], "1");
+  std::map<std::string, json> rows;
+  for (const json& c : r["backend_counters"]) rows[c["name"].get<std::string>()] = c;
+  ASSERT_TRUE(rows.contains("verbs_eager_sends"));
+  EXPECT_EQ(rows["verbs_eager_sends"]["value"], 7);
+  EXPECT_FALSE(rows["verbs_eager_sends"]["help"].get<std::string>().empty());
+  EXPECT_EQ(rows["verbs_segments_acked"]["value"], 0);  // no metric, but in the reply
+  EXPECT_EQ(rows["verbs_hw_sent_pkts"]["value"], 12);
   r = AdminCommand(*f.hub, o, json{{"cmd", "jobs"}});
   ASSERT_EQ(r["jobs"].size(), 1u);
   EXPECT_EQ(r["jobs"][0]["job"], "job-a");

@@ -1,7 +1,8 @@
 // The verbs protocol core (transport/verbs/verbs_channel.h) against the in-memory NIC: eager and
 // rendezvous segments arrive bit-exact and complete in order, credits are the posted receives
 // (never an RNR), refusals and error completions fail sends in order, and a peer that breaks the
-// protocol fails the channel rather than corrupting memory.
+// protocol fails the channel rather than corrupting memory. Both ends count into one set of
+// VerbsCounters, as in a transport: each step, stall, reply and completion lands in its counter.
 #include "transport/verbs/verbs_channel.h"
 
 #include <cstring>
@@ -90,12 +91,12 @@ class Link {
     receiver_log_.destination_rkey = dest.rkey;
     sender_ = std::make_unique<VerbsSender>(
         *sender_qp_, limits, SenderMemory{reply_region_.data(), headers_.data(), headers.lkey},
-        sender_log_);
+        sender_log_, &counters_);
     receiver_ = std::make_unique<VerbsReceiver>(
         *receiver_qp_, limits,
         ReceiverMemory{slots_.data(), slots.lkey, staging_.data(), staging.lkey,
                        reinterpret_cast<uint64_t>(reply_region_.data()), reply.rkey},
-        receiver_log_);
+        receiver_log_, &counters_);
     EXPECT_TRUE(receiver_->Start_st().ok());
   }
 
@@ -145,6 +146,7 @@ class Link {
   fake::MemoryKeys source_keys_;
   SenderLog sender_log_;
   ReceiverLog receiver_log_;
+  VerbsCounters counters_;  // before the channels, which count into it until destroyed
   std::unique_ptr<VerbsSender> sender_;
   std::unique_ptr<VerbsReceiver> receiver_;
 };
@@ -349,6 +351,147 @@ TEST(VerbsChannelTest, BackPressureWhenTheReplyRingIsFullThenRecovers) {
   EXPECT_EQ(link.Post(17, 0, (256ull << 20) + 1).code(), absl::StatusCode::kInvalidArgument);
 }
 
+VerbsStats Snapshot(const VerbsCounters& c) {
+  VerbsStats s;
+  c.SnapshotInto(s);
+  return s;
+}
+
+TEST(VerbsChannelCountersTest, EagerAndRendezvousStepsAreCountedEachOnce) {
+  Link link(SmallLimits(), 1 << 20);
+  link.Settle();  // the receiver's first credit word
+  VerbsStats v = Snapshot(link.counters_);
+  EXPECT_EQ(v.queue_pairs, 2u);
+  EXPECT_EQ(v.receives_posted, 4u);
+  EXPECT_EQ(v.credit_writes, 1u);
+  EXPECT_EQ(v.credits_available, 4u);
+  // Eager up to 256 bytes, rendezvous above.
+  const std::vector<uint64_t> sizes = {0, 1, 256, 257, 4096, 100, 300000};
+  uint64_t offset = 0, eager_bytes = 0, rendezvous_bytes = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(link.Post(i, offset, sizes[i]).ok());
+    offset += sizes[i];
+    (sizes[i] <= 256 ? eager_bytes : rendezvous_bytes) += sizes[i];
+    link.Round(1);
+  }
+  link.Settle();
+  ASSERT_EQ(link.sender_log_.acked.size(), sizes.size());
+  v = Snapshot(link.counters_);
+  EXPECT_EQ(v.eager_sends, 4u);
+  EXPECT_EQ(v.eager_bytes, eager_bytes);
+  EXPECT_EQ(v.rendezvous_headers, 3u);
+  EXPECT_EQ(v.clear_to_send, 3u);
+  EXPECT_EQ(v.rendezvous_writes, 3u);
+  EXPECT_EQ(v.rendezvous_bytes, rendezvous_bytes);
+  EXPECT_EQ(v.segments_acked, 7u);
+  EXPECT_EQ(v.segments_failed, 0u);
+  EXPECT_EQ(v.eager_received, 4u);
+  EXPECT_EQ(v.eager_recv_bytes, eager_bytes);
+  EXPECT_EQ(v.rendezvous_received, 3u);
+  EXPECT_EQ(v.rendezvous_recv_bytes, rendezvous_bytes);
+  EXPECT_EQ(v.segments_refused, 0u);
+  // Every SEND and write with immediate consumed a receive, and each was posted again.
+  EXPECT_EQ(v.receives_posted, 4u + 7u + 3u);
+  EXPECT_EQ(v.replies_written, 7u);  // four acks, three clear-to-sends
+  EXPECT_GE(v.credit_writes, 2u);
+  EXPECT_EQ(v.credits_available, 4u);  // all receives posted again, none used
+  // Completions: a receive per SEND (7) and per write with immediate (3), plus one per signaled
+  // send-queue request of either end.
+  EXPECT_EQ(v.completions,
+            10u + link.sender_qp_->signaled_requests() + link.receiver_qp_->signaled_requests());
+  EXPECT_EQ(v.flushed_completions + v.remote_access_errors + v.rnr_errors +
+                v.retry_exceeded_errors + v.local_errors,
+            0u);
+  EXPECT_EQ(v.channel_failures, 0u);
+  // The channels take their queue pairs and credits out of the gauges when they go.
+  link.sender_.reset();
+  link.receiver_.reset();
+  v = Snapshot(link.counters_);
+  EXPECT_EQ(v.queue_pairs, 0u);
+  EXPECT_EQ(v.credits_available, 0u);
+}
+
+TEST(VerbsChannelCountersTest, ACreditStallIsCountedOncePerStallNotPerRound) {
+  Link link(SmallLimits(), 1 << 20);
+  link.Settle();
+  ASSERT_EQ(Snapshot(link.counters_).credits_available, 4u);
+  // Four receive slots: the first four SENDs take every credit, the fifth and sixth wait.
+  for (uint64_t i = 0; i < 6; ++i) ASSERT_TRUE(link.Post(i, i * 100, 100).ok());
+  VerbsStats v = Snapshot(link.counters_);
+  EXPECT_EQ(v.eager_sends, 4u);
+  EXPECT_EQ(v.credit_stalls, 1u);
+  // Still no credit after more rounds in which nothing reached the receiver: the same stall.
+  for (int i = 0; i < 5; ++i) link.sender_->Progress_st();
+  EXPECT_EQ(Snapshot(link.counters_).credit_stalls, 1u);
+  link.Settle();
+  v = Snapshot(link.counters_);
+  EXPECT_EQ(link.sender_log_.acked.size(), 6u);
+  EXPECT_EQ(v.eager_sends, 6u);
+  EXPECT_GE(v.credit_stalls, 1u);
+  EXPECT_LE(v.credit_stalls, 2u);
+  EXPECT_EQ(v.rnr_errors, 0u);
+  // With credits back, a lone segment goes at once: no stall.
+  const uint64_t stalls = v.credit_stalls;
+  ASSERT_TRUE(link.Post(6, 600, 10).ok());
+  EXPECT_EQ(Snapshot(link.counters_).credit_stalls, stalls);
+}
+
+TEST(VerbsChannelCountersTest, ErrorAndFlushCompletionsAndRefusalsAreCounted) {
+  {
+    Link link(SmallLimits(), 1 << 20);
+    link.receiver_log_.refuse_keys = {1, 3};
+    ASSERT_TRUE(link.Post(0, 0, 100).ok());
+    ASSERT_TRUE(link.Post(1, 100, 5000).ok());  // rendezvous, refused: no write
+    ASSERT_TRUE(link.Post(2, 5100, 5000).ok());
+    ASSERT_TRUE(link.Post(3, 10100, 10).ok());  // eager, refused
+    link.Settle();
+    const VerbsStats v = Snapshot(link.counters_);
+    EXPECT_EQ(v.segments_refused, 2u);
+    EXPECT_EQ(v.segments_failed, 2u);
+    EXPECT_EQ(v.segments_acked, 2u);
+    EXPECT_EQ(v.clear_to_send, 1u);
+    EXPECT_EQ(v.rendezvous_writes, 1u);
+    EXPECT_EQ(v.replies_written, 4u);
+    EXPECT_EQ(v.channel_failures, 0u);
+  }
+  {
+    Link link(SmallLimits(), 1 << 20);
+    ASSERT_TRUE(link.Post(0, 0, 64).ok());
+    link.Settle();
+    link.sender_qp_->FailNextSend(CompletionStatus::kRetryExceeded);
+    for (uint64_t i = 1; i <= 6; ++i) ASSERT_TRUE(link.Post(i, i * 1000, i % 2 ? 100 : 3000).ok());
+    link.Settle();
+    ASSERT_EQ(link.sender_log_.downs, 1);
+    const VerbsStats v = Snapshot(link.counters_);
+    EXPECT_EQ(v.retry_exceeded_errors, 1u);
+    EXPECT_GE(v.flushed_completions, 1u);  // the receiver's posted receives, at least
+    EXPECT_EQ(v.remote_access_errors + v.rnr_errors + v.local_errors, 0u);
+    EXPECT_EQ(v.segments_failed, 6u);
+    EXPECT_EQ(v.segments_acked, 1u);
+    EXPECT_EQ(v.channel_failures, 2u);   // the sender by its error, the receiver by a flush
+    EXPECT_EQ(v.credits_available, 0u);  // a failed sender has none
+    EXPECT_EQ(v.queue_pairs, 2u);        // until the owner destroys the channels
+  }
+  {
+    // A remote access error (a clear-to-send naming memory not registered).
+    Link link(SmallLimits(), 1 << 20);
+    link.receiver_log_.destination_rkey = 0xdead;
+    ASSERT_TRUE(link.Post(0, 0, 4000).ok());
+    link.Settle();
+    EXPECT_EQ(Snapshot(link.counters_).remote_access_errors, 1u);
+  }
+  {
+    // A peer that went down (the transport aborts both ends): not a channel failure.
+    Link link(SmallLimits(), 1 << 20);
+    ASSERT_TRUE(link.Post(0, 0, 64).ok());
+    link.sender_->Abort_st(absl::UnavailableError("peer down"));
+    link.receiver_->Abort_st(absl::UnavailableError("peer down"));
+    const VerbsStats v = Snapshot(link.counters_);
+    EXPECT_EQ(v.channel_failures, 0u);
+    EXPECT_EQ(v.segments_failed, 1u);
+  }
+}
+
 TEST(VerbsChannelTest, TheFakeNicReportsAnRnrWhenNoReceiveIsPosted) {
   // The protocol never lets this happen; the fake must still catch it if it did.
   FakeNic nic;
@@ -367,6 +510,12 @@ TEST(VerbsChannelTest, TheFakeNicReportsAnRnrWhenNoReceiveIsPosted) {
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].status, CompletionStatus::kReceiverNotReady);
   EXPECT_TRUE(a->in_error() && b->in_error());
+  VerbsCounters counters;
+  CountCompletion(counters, c[0]);
+  VerbsStats v;
+  counters.SnapshotInto(v);
+  EXPECT_EQ(v.rnr_errors, 1u);
+  EXPECT_EQ(v.completions, 1u);
 }
 
 }  // namespace

@@ -231,6 +231,36 @@ TEST(VerbsIbvTest, ARefusedRendezvousFailsOnlyItsSend) {
   EXPECT_EQ(link.sent_.downs, 0);
 }
 
+TEST(VerbsIbvTest, RegistrationsAreCountedUntilDeregisteredAndRefusalsToo) {
+  ChannelLimits limits;
+  limits.recv_slots = 4;
+  limits.slot_bytes = kFrameHeaderBytes + 256;
+  limits.reply_entries = 16;
+  limits.send_queue_depth = 16;
+  limits.signal_every = 4;
+  IbvLink link(limits);
+  auto now = [&] {
+    VerbsStats v;
+    link.device_->registrations().SnapshotInto(v);
+    return v;
+  };
+  const uint64_t small =
+      link.reply_region_.size() + link.headers_.size() + link.slots_.size() + link.staging_.size();
+  VerbsStats v = now();
+  EXPECT_EQ(v.registrations, 6u);
+  EXPECT_EQ(v.registered_bytes, 2 * IbvLink::kBytes + small);
+  EXPECT_EQ(v.registration_failures, 0u);
+  // Memory that is not mapped: the kernel refuses to pin it.
+  EXPECT_FALSE(link.device_->Register(reinterpret_cast<void*>(uintptr_t{4096}), 4096, false).ok());
+  v = now();
+  EXPECT_EQ(v.registration_failures, 1u);
+  EXPECT_EQ(v.registrations, 6u);
+  link.source_mr_.reset();
+  v = now();
+  EXPECT_EQ(v.registrations, 5u);
+  EXPECT_EQ(v.registered_bytes, IbvLink::kBytes + small);
+}
+
 }  // namespace
 }  // namespace gradlane::transport::verbs
 
