@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 
 #include <cerrno>
 #include <cstring>
@@ -205,10 +206,17 @@ IbvDevice::~IbvDevice() {
 std::string IbvDevice::name() const { return ibv_get_device_name(context_->device); }
 
 absl::StatusOr<std::unique_ptr<IbvMemory>> IbvDevice::Register(void* base, uint64_t bytes,
-                                                               bool remote_write) {
+                                                               bool remote_write) const {
   const int access = IBV_ACCESS_LOCAL_WRITE | (remote_write ? IBV_ACCESS_REMOTE_WRITE : 0);
   ibv_mr* mr = ibv_reg_mr(pd_, base, bytes, access);
-  if (mr == nullptr) return Errno(errno, absl::StrCat("ibv_reg_mr of ", bytes, " bytes"));
+  if (mr == nullptr) {
+    const int err = errno;
+    rlimit limit{};
+    const bool have_limit = ::getrlimit(RLIMIT_MEMLOCK, &limit) == 0;
+    std::optional<uint64_t> memlock;
+    if (have_limit && limit.rlim_cur != RLIM_INFINITY) memlock = limit.rlim_cur;
+    return absl::UnavailableError(RegistrationErrorText(bytes, err, memlock));
+  }
   return std::unique_ptr<IbvMemory>(new IbvMemory(mr));
 }
 

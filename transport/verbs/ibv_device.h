@@ -8,11 +8,12 @@
 // RoCE needs a GID: `gid_index` picks the entry of the port's GID table (soft-RoCE on an IPv4
 // interface: index 1 is the RoCEv2 IPv4-mapped address).
 //
-// Thread rules: an IbvDevice and its queue pairs belong to one thread (the engine's); memory may
-// be registered from another thread (libibverbs is thread-safe), as the transport will to keep
-// registration off the engine thread. Ownership: the device outlives its queue pairs and
-// registrations (destroy them first).
-// Built only where libibverbs is found (meson option `verbs`).
+// Thread rules: an IbvDevice and its queue pairs belong to one thread (the engine's); Register
+// and an IbvMemory's destruction may run on any thread (libibverbs is thread-safe, and they
+// touch only the protection domain, fixed at Open): the transport registers client arenas on
+// the session server's thread (registration_cache.h). Ownership: the device outlives its queue
+// pairs and registrations (destroy them first). Built only where libibverbs is found (meson option
+// `verbs`).
 #ifndef GRADLANE_TRANSPORT_VERBS_IBV_DEVICE_H_
 #define GRADLANE_TRANSPORT_VERBS_IBV_DEVICE_H_
 
@@ -26,19 +27,20 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "transport/verbs/registration_cache.h"
 #include "transport/verbs/verbs_queue_pair.h"
 #include "transport/verbs/verbs_wire.h"
 
 namespace gradlane::transport::verbs {
 
 // A registered memory region; deregistered when destroyed.
-class IbvMemory {
+class IbvMemory final : public MemoryRegistration {
  public:
-  ~IbvMemory();
+  ~IbvMemory() override;
   IbvMemory(const IbvMemory&) = delete;
   IbvMemory& operator=(const IbvMemory&) = delete;
-  uint32_t lkey() const { return mr_->lkey; }
-  uint32_t rkey() const { return mr_->rkey; }
+  uint32_t lkey() const override { return mr_->lkey; }
+  uint32_t rkey() const override { return mr_->rkey; }
   uint8_t* base() const { return static_cast<uint8_t*>(mr_->addr); }
   uint64_t bytes() const { return mr_->length; }
 
@@ -88,8 +90,11 @@ class IbvDevice {
   IbvDevice(const IbvDevice&) = delete;
   IbvDevice& operator=(const IbvDevice&) = delete;
 
+  // Failure: Unavailable with errno's text; when the kernel refused to pin more memory (ENOMEM
+  // or EPERM while RLIMIT_MEMLOCK is finite), the message names the limit, its value and how
+  // to raise it (RegistrationErrorText).
   absl::StatusOr<std::unique_ptr<IbvMemory>> Register(void* base, uint64_t bytes,
-                                                      bool remote_write);
+                                                      bool remote_write) const;
   absl::StatusOr<std::unique_ptr<IbvQueuePair>> CreateQueuePair(uint32_t send_depth,
                                                                 uint32_t recv_depth);
   // Polls up to out.size() completions; returns how many, or an error if the queue failed.
