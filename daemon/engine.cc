@@ -45,6 +45,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   auto t = make(topt, engine.get());
   if (!t.ok()) return t.status();
   engine->transport_ = std::move(*t);
+  // From now on the acceptor thread registers each new session's arena with the device (verbs);
+  // a client that connected in the moment before (the ready line is not printed yet) has its
+  // arena registered by the engine when its job starts, as before.
+  engine->server_->SetRegistrar(engine->transport_->registrar());
   engine->hands_over_pieces_ = engine->transport_->capabilities().hands_over_pieces;
   auto port = engine->transport_->Listen_st();
   if (!port.ok()) {

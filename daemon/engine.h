@@ -116,6 +116,9 @@ class Engine final : public PostSink, public transport::TransportHandler, privat
   void TrackOutbound_st(transport::PeerHandle handle, const JobRuntime& job,
                         uint16_t rank) override;
   void ForgetOutbound_st(transport::PeerHandle handle) override;
+  void RetireArena_st(std::shared_ptr<ArenaAlias> alias) override {
+    server_->Retire(std::move(alias));
+  }
 
   // Idle: sleep until a client or peer event, or the idle tick.
   void Sleep_st();

@@ -39,7 +39,7 @@
   X(manifest_mismatches, Counter, "gradlane_errors_total", "kind=manifest_mismatch", \
     "peers whose tensor list, W, policy or reduce op differed from this rank's") \
   X(arena_aliases, Gauge, "gradlane_arena_aliases", "", \
-    "client arenas the engine has mapped now (one per live job)") \
+    "client arena aliases live jobs hold now (one per live job)") \
   X(tuner_trials, Counter, "gradlane_tuner_trials_total", "", \
     "credit windows measured by the online tuner (bytescheduler with --autotune)")
 

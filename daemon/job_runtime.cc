@@ -74,10 +74,9 @@ JobRuntime::JobRuntime(JobHost& host, uint32_t slot, uint32_t generation, uint64
       ring_(*this) {}
 
 JobRuntime::~JobRuntime() {
-  if (arena_ != nullptr) {
-    ::munmap(arena_, arena_bytes_);
-    host_.counters_st().arena_aliases.Sub_st(1);
-  }
+  // Without Release_st (a test, or a set-up that failed early) the alias reference is dropped
+  // here; the session usually still holds the alias.
+  if (arena_ != nullptr) host_.counters_st().arena_aliases.Sub_st(1);
 }
 
 // ---------------------------------------------------------------------------- lifecycle ----
@@ -107,18 +106,29 @@ JobError JobRuntime::SetUp_st(Session& session, TimeNs now) {
     auto_priority_.Register(t.spec.id);
     policy_->RegisterTensor(t.spec);
   }
-  // Our own mapping of the client's arena: it keeps the pages alive if the client dies while
-  // the transport still reads or writes them; unmapped when the runtime goes.
-  void* alias = ::mremap(session.arena_base(), 0, session.arena_bytes(), MREMAP_MAYMOVE);
-  if (alias == MAP_FAILED) {
-    return {GL_E_IO, absl::StrCat("job ", id, ": mapping the arena: ", std::strerror(errno))};
+  // The daemon's own mapping of the client's arena: it keeps the pages alive if the client dies
+  // while the transport still reads or writes them. The session server made it (and registered
+  // it with an RDMA device) when the session was set up, off this thread, so the region below
+  // is a lookup; a session made without a server (tests) has none, and gets one here.
+  alias_ = session.alias();
+  if (alias_ == nullptr) {
+    auto made = ArenaAlias::Create(session.arena_base(), session.arena_bytes(), nullptr);
+    if (!made.ok()) return {GL_E_IO, absl::StrCat("job ", id, ": ", made.status().message())};
+    alias_ = std::move(*made);
   }
-  arena_ = static_cast<uint8_t*>(alias);
-  arena_bytes_ = session.arena_bytes();
+  arena_ = alias_->base();
+  arena_bytes_ = alias_->bytes();
   host_.counters_st().arena_aliases.Add_st(1);
   auto region = transport.RegisterRegion_st(arena_, arena_bytes_);
   if (!region.ok()) return {GL_E_NO_MEMORY, std::string(region.status().message())};
   arena_region_ = *region;
+  // The daemon-owned buffers (the shard slab, the ring's staging; later the fusion buckets) are
+  // still registered here, on the engine thread, though they are about the model's size: they
+  // are sized by this job's plan, which exists only from its first post on (activation freezes
+  // the tensor list), and that post arrives on this thread. Registering them elsewhere would
+  // need the job to wait between activation and AddJob_st/dialing for another thread's
+  // registration (a set-up phase the runtime does not have; posts would queue meanwhile) —
+  // left for when a measurement on a real NIC says the pause matters (docs/verbs.md).
   if (absl::Status s = allreduce() ? ring_.SetUp_st()
                                    : shard_.SetUp_st(std::move(plan_.owned), plan_.slab_bytes);
       !s.ok()) {
@@ -260,10 +270,12 @@ void JobRuntime::Release_st() {
   ring_.Release_st();
   RemoveFromTransport_st();
   if (arena_ != nullptr) {
-    ::munmap(arena_, arena_bytes_);
     arena_ = nullptr;
     host_.counters_st().arena_aliases.Sub_st(1);
   }
+  // Unregistered above, so if this is the alias's last reference (the session closed first),
+  // dropping it deregisters and unmaps the arena: the session server's thread does that.
+  host_.RetireArena_st(std::move(alias_));
 }
 
 void JobRuntime::RedialDue_st(TimeNs now) {

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "daemon/arena_alias.h"
 #include "daemon/engine_options.h"
 #include "daemon/job.h"
 #include "daemon/ring_role.h"
@@ -66,6 +67,9 @@ class JobHost {
   virtual void TrackOutbound_st(transport::PeerHandle handle, const JobRuntime& job,
                                 uint16_t rank) = 0;
   virtual void ForgetOutbound_st(transport::PeerHandle handle) = 0;
+  // Drops a reference to a client arena's alias off the engine thread (the last one deregisters
+  // it from the RDMA device and unmaps it: SessionServer::Retire).
+  virtual void RetireArena_st(std::shared_ptr<ArenaAlias> alias) = 0;
 
  protected:
   ~JobHost() = default;
@@ -244,7 +248,9 @@ class JobRuntime {
   sched::TimeNs release_at_ = 0;
 
   // Memory: an alias mapping of the client's arena (survives the client's death until we
-  // release it) and the manifests.
+  // release it; shared with the session, daemon/arena_alias.h) and the manifests. arena_ and
+  // arena_bytes_ are the alias's, copied for the data path.
+  std::shared_ptr<ArenaAlias> alias_;
   uint8_t* arena_ = nullptr;
   uint64_t arena_bytes_ = 0;
   transport::RegionId arena_region_ = transport::kNoRegion;

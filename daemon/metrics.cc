@@ -160,7 +160,7 @@ std::vector<MetricFamily> CollectMetrics(TelemetryHub& hub) {
         "gradlane_client_connections_refused_total",
         "client connections turned away before they became a session, by reason (not_allowed, "
         "pending_limit, pending_per_uid_limit, session_limit, sessions_per_uid_limit, "
-        "handshake_timeout, bad_hello)",
+        "handshake_timeout, bad_hello, no_memory)",
         MetricType::Counter);
     for (int k = 0; k < static_cast<int>(Refusal::kCount); ++k) {
       fs.Counter(refused, {{"reason", RefusalName(static_cast<Refusal>(k))}},

@@ -218,6 +218,8 @@ std::string RingRole::ApplyPlan_st(const std::vector<std::vector<uint32_t>>& buc
   if (!buckets.empty()) {
     bucket_mem_.reset(new (std::nothrow) std::byte[2 * total]);
     if (bucket_mem_ == nullptr) return absl::StrCat(who, "no memory for ", 2 * total, " bytes");
+    // On the engine thread: the buckets are planned here, mid-job (small tensors only, so
+    // small); why daemon buffers are not registered ahead: JobRuntime::SetUp_st.
     auto region = job_.host().transport_st().RegisterRegion_st(bucket_mem_.get(), 2 * total);
     if (!region.ok()) return absl::StrCat(who, region.status().message());
     bucket_region_ = *region;

@@ -28,6 +28,7 @@ absl::Status RingRole::SetUp_st() {
     return absl::ResourceExhaustedError(
         absl::StrCat("job ", job_.id(), ": all-reduce staging of ", staging_bytes_, " bytes"));
   }
+  // Registered on the engine thread (verbs: pinned here); why not ahead: JobRuntime::SetUp_st.
   auto region = job_.host().transport_st().RegisterRegion_st(staging_.get(), staging_bytes_);
   if (!region.ok()) return region.status();
   staging_region_ = *region;

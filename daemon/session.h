@@ -33,6 +33,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/arena_alias.h"
 #include "sched/types.h"
 #include "shm/abi.h"
 #include "shm/arena.h"
@@ -163,6 +164,13 @@ class Session {
   const shm::PeerCredentials& peer() const { return peer_; }
   uint64_t arena_bytes() const { return arena_.size(); }
   uint8_t* arena_base() const { return arena_.base(); }  // for the engine (tensor data)
+  // The daemon's alias of the arena, registered with the transport's device where it has one
+  // (daemon/arena_alias.h): the session server sets it on the creating thread, before the
+  // hand-off; jobs share it. Null for a session made without a server (tests).
+  const std::shared_ptr<ArenaAlias>& alias() const { return alias_; }
+  void set_alias(std::shared_ptr<ArenaAlias> alias) { alias_ = std::move(alias); }
+  // The session's reference, for the server to retire off the engine thread when it closes.
+  std::shared_ptr<ArenaAlias> TakeAlias_st() { return std::move(alias_); }
 
   // What the control and data paths change: engine thread.
   const JobInfo* job_st() const { return job_ ? job_.get() : nullptr; }
@@ -191,6 +199,7 @@ class Session {
   shm::UniqueFd socket_;
   const shm::PeerCredentials peer_;
   shm::Arena arena_;
+  std::shared_ptr<ArenaAlias> alias_;
   const uint32_t ring_slots_;
   uint32_t abi_version_ = GL_ABI_VERSION;
   shm::UniqueFd sq_efd_;  // client writes, daemon sleeps on it

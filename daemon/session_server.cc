@@ -26,7 +26,8 @@ enum Kind : uint64_t {
   kDoorbell = 5,
   kHandoff = 6,
   kStop = 7,
-  kRefused = 8
+  kRefused = 8,
+  kRetire = 9
 };
 // A connection refused at accept gets its reply at once, but is closed only once its hello
 // (sent right after connect) has been read or it hung up: closing a Unix socket with unread
@@ -72,6 +73,8 @@ const char* RefusalName(Refusal r) {
       return "handshake_timeout";
     case Refusal::kBadHello:
       return "bad_hello";
+    case Refusal::kNoMemory:
+      return "no_memory";
     case Refusal::kCount:
       break;
   }
@@ -132,7 +135,8 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Create(SessionServ
   shm::UniqueFd acceptor_ep(::epoll_create1(EPOLL_CLOEXEC));
   shm::UniqueFd handoff(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   shm::UniqueFd stop(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!ep.valid() || !acceptor_ep.valid() || !handoff.valid() || !stop.valid()) {
+  shm::UniqueFd retire(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!ep.valid() || !acceptor_ep.valid() || !handoff.valid() || !stop.valid() || !retire.valid()) {
     const int err = errno;
     shm::ReleaseSocketPath(options.socket_path, std::move(*claim));
     return absl::InternalError(absl::StrCat("epoll/eventfd: ", std::strerror(err)));
@@ -143,9 +147,11 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Create(SessionServ
   server->acceptor_epoll_ = std::move(acceptor_ep);
   server->handoff_fd_ = std::move(handoff);
   server->stop_fd_ = std::move(stop);
+  server->retire_fd_ = std::move(retire);
   server->Watch(server->handoff_fd_.get(), Token(kHandoff, 0), EPOLLIN);
   server->AcceptorWatch(server->listener_.get(), Token(kListener, 0), EPOLLIN);
   server->AcceptorWatch(server->stop_fd_.get(), Token(kStop, 0), EPOLLIN);
+  server->AcceptorWatch(server->retire_fd_.get(), Token(kRetire, 0), EPOLLIN);
   SessionServer* raw = server.get();
   server->acceptor_ = std::thread([raw] { raw->AcceptorLoop(); });
   return server;
@@ -178,7 +184,35 @@ SessionServer::~SessionServer() {
   while (!sessions_.empty()) {
     CloseSession_st(sessions_.back()->session->id(), GL_E_DISCONNECTED, "daemon shutting down");
   }
+  // The acceptor is gone: what was retired since (the sessions just closed) is dropped here.
+  DropRetired();
   shm::ReleaseSocketPath(options_.socket_path, std::move(path_lock_));
+}
+
+void SessionServer::SetRegistrar(transport::MemoryRegistrar* registrar) {
+  registrar_.store(registrar, std::memory_order_release);
+}
+
+void SessionServer::Retire(std::shared_ptr<ArenaAlias> alias) {
+  if (alias == nullptr) return;
+  {
+    MutexLock lock(&retire_mu_);
+    retired_.push_back(std::move(alias));
+  }
+  const uint64_t one = 1;
+  (void)!::write(retire_fd_.get(), &one, sizeof(one));
+}
+
+void SessionServer::DropRetired() {
+  uint64_t count = 0;
+  (void)!::read(retire_fd_.get(), &count, sizeof(count));
+  std::vector<std::shared_ptr<ArenaAlias>> retired;
+  {
+    MutexLock lock(&retire_mu_);
+    retired.swap(retired_);
+  }
+  // Outside the lock: the last reference unpins (deregistering a GiB takes a while) and unmaps.
+  retired.clear();
 }
 
 void SessionServer::Watch(int fd, uint64_t token, uint32_t events) {
@@ -248,6 +282,7 @@ int SessionServer::PollControl_st(sched::TimeNs now) {
       case kPending:
       case kStop:
       case kRefused:
+      case kRetire:
         break;  // the acceptor thread's
       case kSocket:
         HandleSessionSocket_st(TokenId(t), events[i].events);
@@ -326,6 +361,9 @@ void SessionServer::AcceptorLoop() {
           break;
         case kPending:
           HandlePending(TokenId(t), rx);
+          break;
+        case kRetire:
+          DropRetired();
           break;
         default:
           break;
@@ -523,11 +561,23 @@ void SessionServer::HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf) 
     ReleaseSessionSlot(cred->uid);
     // Create failed before taking the socket only if it could not start; the fd is still ours.
     if (p->socket.valid()) {
-      RejectHandshake(fd, hello.request_id, GL_E_NO_MEMORY, Refusal::kBadHello,
+      RejectHandshake(fd, hello.request_id, GL_E_NO_MEMORY, Refusal::kNoMemory,
                       absl::StrCat("cannot create the session: ", session.status().message()));
     }
     return;
   }
+  // The daemon's alias of the arena, registered with the RDMA device here rather than on the
+  // engine thread when a job starts (daemon/arena_alias.h). A device that refuses it (the
+  // pinned-memory limit, typically) refuses the session: a job on it could not run.
+  auto alias = ArenaAlias::Create((*session)->arena_base(), (*session)->arena_bytes(),
+                                  registrar_.load(std::memory_order_acquire));
+  if (!alias.ok()) {
+    ReleaseSessionSlot(cred->uid);
+    RejectHandshake(fd, hello.request_id, GL_E_NO_MEMORY, Refusal::kNoMemory,
+                    std::string(alias.status().message()));
+    return;  // the session (and the socket it holds) closes here
+  }
+  (*session)->set_alias(std::move(*alias));
   (*session)->SetAbiVersion(hello.abi_version);
   auto live = std::make_unique<Live>();
   live->session = std::move(*session);
@@ -621,6 +671,9 @@ void SessionServer::CloseSession_st(uint64_t session_id, gl_status reason, const
   ++totals_.sessions_closed;
   live_sessions_.fetch_sub(1, std::memory_order_relaxed);
   ReleaseSessionSlot(s.peer().uid);
+  // A job may still hold the alias (its reference is retired when it is released); if not,
+  // the acceptor thread deregisters and unmaps it, not this one.
+  Retire(s.TakeAlias_st());
   live.reset();
   Publish_st();
 }

@@ -6,15 +6,17 @@
 // - Thread rules: every `_st` method (PollOnce_st, Wait_st, the sleep halves, FindSession_st,
 //   session_count_st, Run_st) is for the one engine thread that owns the server; so is the
 //   destructor (or it runs once that thread has stopped). Create, Stats(), wait_fd(),
-//   socket_path() and MonotonicNow() may be called from any thread. The acceptor thread's state
-//   is its own; the two threads share only the hand-off queue and the per-uid session counts
-//   (each behind its own Mutex, daemon/mutex.h, checked by clang's -Wthread-safety) and relaxed
-//   atomic counters.
+//   socket_path(), MonotonicNow(), SetRegistrar() and Retire() may be called from any thread.
+//   The acceptor thread's state is its own; the two threads share only the hand-off queue, the
+//   retire queue (arena aliases the engine let go, dropped by the acceptor) and the per-uid
+//   session counts (each behind its own Mutex, daemon/mutex.h, checked by clang's
+//   -Wthread-safety), the registrar pointer and relaxed atomic counters.
 // - Control work off the engine thread: the server runs its own acceptor thread for accepting,
-//   hello validation, SO_PEERCRED checks and session creation (memfd arena, ring setup — the
-//   part that costs milliseconds for a large arena). A ready session is handed to the engine
-//   thread through a locked queue and an eventfd, so a client connecting never stalls the data
-//   path; the engine thread adopts it on its next control round.
+//   hello validation, SO_PEERCRED checks and session creation (memfd arena, ring setup, the
+//   daemon's alias of the arena and its registration with an RDMA device — the part that
+//   costs milliseconds, or for verbs up to hundreds of them, for a large arena). A ready session is
+//   handed to the engine thread through a locked queue and an eventfd, so a client connecting never
+//   stalls the data path; the engine thread adopts it on its next control round.
 // - The socket path: Create() takes it only from a dead owner. It holds an exclusive lock on
 //   `<socket>.lock` (which names its pid) for its whole life and also refuses a path a live
 //   process still answers on, so a second daemon never unlinks the socket of a running one;
@@ -54,9 +56,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/arena_alias.h"
 #include "daemon/mutex.h"
 #include "daemon/session.h"
 #include "sched/types.h"
+#include "transport/transport.h"
 
 namespace gradlane::daemon {
 
@@ -97,6 +101,7 @@ enum class Refusal : int {
   kSessionsPerUid,    // this uid has max_sessions_per_uid sessions
   kHandshakeTimeout,  // said nothing within handshake_timeout
   kBadHello,          // wrong magic, version or framing
+  kNoMemory,          // its arena could not be created, mapped or registered with the device
   kCount
 };
 // Stable lower-case names (metric labels, gradlanectl).
@@ -154,6 +159,16 @@ class SessionServer {
   void Run_st(const std::atomic<bool>& stop, int idle_ms = 5);
 
   SessionServerStats Stats() const;  // any thread
+
+  // Any thread, before clients connect (sessions set up earlier are not registered ahead, and
+  // their arena is registered by the engine when a job starts): the transport's registrar,
+  // with which the acceptor thread registers each new session's arena alias. It must outlive
+  // the server. Null (the default): nothing to register.
+  void SetRegistrar(transport::MemoryRegistrar* registrar);
+  // Any thread: drops `alias` on the acceptor thread (the engine's last reference to an arena:
+  // its deregistration and unmapping stay off the data path). After the server is destroyed,
+  // nobody may call it.
+  void Retire(std::shared_ptr<ArenaAlias> alias) ABSL_LOCKS_EXCLUDED(retire_mu_);
   Session* FindSession_st(uint64_t id);
   size_t session_count_st() const { return sessions_.size(); }
   const std::string& socket_path() const { return options_.socket_path; }
@@ -176,6 +191,8 @@ class SessionServer {
   // False when accept failed for a reason other than an empty backlog (EMFILE, ENOMEM).
   bool AcceptAll(sched::TimeNs now);
   void HandlePending(uint64_t token, std::vector<uint8_t>& rx_buf) ABSL_LOCKS_EXCLUDED(handoff_mu_);
+  // The acceptor thread (or the destructor, once it has stopped): drops the retired aliases.
+  void DropRetired() ABSL_LOCKS_EXCLUDED(retire_mu_);
   // Sends a gl_hello_reply with `status` and `why` on `fd` (best effort) and counts it.
   void RejectHandshake(int fd, uint64_t request_id, gl_status status, Refusal reason,
                        const std::string& why);
@@ -225,6 +242,11 @@ class SessionServer {
   Mutex handoff_mu_;
   std::vector<std::unique_ptr<Live>> handoff_ ABSL_GUARDED_BY(handoff_mu_);
   shm::UniqueFd handoff_fd_;  // eventfd in epoll_: sessions wait in handoff_
+  // Arena aliases whose last reference the engine thread gave up, for the acceptor to drop.
+  Mutex retire_mu_;
+  std::vector<std::shared_ptr<ArenaAlias>> retired_ ABSL_GUARDED_BY(retire_mu_);
+  shm::UniqueFd retire_fd_;  // eventfd in acceptor_epoll_: aliases wait in retired_
+  std::atomic<transport::MemoryRegistrar*> registrar_{nullptr};
   // Counters shared without a lock (atomics, relaxed: each is a count of its own; Stats() reads
   // them from any thread). live_sessions_: raised by the acceptor (a session handed off),
   // lowered by the engine thread (a session closed), checked by the acceptor against

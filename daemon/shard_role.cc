@@ -28,6 +28,7 @@ absl::Status ShardRole::SetUp_st(std::vector<OwnedPart> owned, uint64_t slab_byt
     return absl::ResourceExhaustedError(
         absl::StrCat("job ", job_.id(), ": shard buffers of ", slab_bytes_, " bytes"));
   }
+  // Registered on the engine thread (verbs: pinned here); why not ahead: JobRuntime::SetUp_st.
   auto region = job_.host().transport_st().RegisterRegion_st(slab_.get(), slab_bytes_);
   if (!region.ok()) return region.status();
   slab_region_ = *region;

@@ -19,6 +19,8 @@
 // inside Progress_st (or synchronously inside Disconnect_st / RemoveJob_st for the peers they
 // close). Stats() and PeerStatsOf() may be
 // called from any thread (metrics): they read relaxed atomics; so may DescribeBackend().
+// registrar() and the MemoryRegistrar it returns may be used from any thread: that is their
+// point (below).
 //
 // Completion guarantees (every backend):
 //   - Sends to one peer go on the wire in PostSend_st order; a peer delivers and acknowledges
@@ -331,6 +333,29 @@ struct TransportCapabilities {
   int wait_fd = -1;
 };
 
+// Registration of memory with the device ahead of RegisterRegion_st, from a thread other than
+// the engine's. Why: a backend whose RegisterRegion_st does slow device work (verbs: pinning
+// every page, tens to hundreds of milliseconds per GiB) would stall every job's data path for
+// that long on the engine thread. The session server pins a client's arena (the daemon's alias
+// of it) when the session is set up; the engine's RegisterRegion_st of exactly that range then
+// finds the registration and does only a lookup.
+// Rules: every method from any thread. Each Pin that succeeded is matched by one Unpin of the
+// same range, before the memory is unmapped; the range stays registered while it is pinned or
+// registered as a region (counted). The registrar outlives every pin (its transport is
+// destroyed after them). The last Unpin of a range no region holds deregisters it on the
+// calling thread; a region's UnregisterRegion_st never waits for the device when a pin still
+// holds the range.
+class MemoryRegistrar {
+ public:
+  virtual ~MemoryRegistrar() = default;
+  // Registers [base, base + bytes) (unless registered already) and counts one more user.
+  // Failure is the device's status, readable to an operator (the pinned-memory limit named
+  // when it is the cause); nothing is held then.
+  virtual absl::Status Pin(void* base, uint64_t bytes) = 0;
+  // One user less; the last deregisters.
+  virtual void Unpin(void* base, uint64_t bytes) = 0;
+};
+
 // One backend. Control ops return absl::Status; every `_st` method on the engine thread.
 class Transport {
  public:
@@ -360,6 +385,8 @@ class Transport {
   virtual void Disconnect_st(PeerHandle peer, TimeNs now) = 0;
   // The memory must stay valid until unregistered, and a region must not be unregistered while
   // sends from it are pending.
+  // A range pinned through registrar() is found, not registered again; anything else is
+  // registered here, on the engine thread (verbs: the device's time).
   virtual absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes) = 0;
   virtual absl::Status UnregisterRegion_st(RegionId region) = 0;
   // Queues one segment behind the peer's earlier sends. InvalidArgument for a bad region range,
@@ -383,6 +410,10 @@ class Transport {
     d.backend = std::string(backend_name());
     return d;
   }
+
+  // Any thread. Null where registering memory costs the engine nothing worth moving (TCP,
+  // DPDK, the fake: a region is a bounds-checked pointer there).
+  virtual MemoryRegistrar* registrar() { return nullptr; }
 };
 
 }  // namespace gradlane::transport

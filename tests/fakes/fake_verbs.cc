@@ -11,6 +11,16 @@ MemoryKeys FakeNic::Register(void* base, uint64_t bytes, bool remote_write) {
   return {r.lkey, r.rkey};
 }
 
+bool FakeNic::Deregister(uint32_t lkey) {
+  for (size_t i = 0; i < regions_.size(); ++i) {
+    if (regions_[i].lkey == lkey) {
+      regions_.erase(regions_.begin() + static_cast<ptrdiff_t>(i));
+      return true;
+    }
+  }
+  return false;
+}
+
 std::pair<FakeQueuePair*, FakeQueuePair*> FakeNic::ConnectedPair() {
   queue_pairs_.push_back(std::unique_ptr<FakeQueuePair>(new FakeQueuePair(*this)));
   FakeQueuePair* a = queue_pairs_.back().get();

@@ -72,6 +72,9 @@ class FakeNic {
  public:
   // Registers [base, base + bytes): the keys a gather element or a remote write names.
   MemoryKeys Register(void* base, uint64_t bytes, bool remote_write);
+  // Forgets the registration whose lkey is `lkey`: elements and writes naming its keys fail
+  // from then on, as after ibv_dereg_mr. False when there is none.
+  bool Deregister(uint32_t lkey);
   // Two queue pairs connected to each other (owned by the NIC).
   std::pair<FakeQueuePair*, FakeQueuePair*> ConnectedPair();
   // Executes up to `steps` requests, one queue pair after another; returns how many ran.

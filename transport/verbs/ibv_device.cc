@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 
 #include <cerrno>
 #include <cstring>
@@ -209,13 +210,17 @@ IbvDevice::~IbvDevice() {
 std::string IbvDevice::name() const { return ibv_get_device_name(context_->device); }
 
 absl::StatusOr<std::unique_ptr<IbvMemory>> IbvDevice::Register(void* base, uint64_t bytes,
-                                                               bool remote_write) {
+                                                               bool remote_write) const {
   const int access = IBV_ACCESS_LOCAL_WRITE | (remote_write ? IBV_ACCESS_REMOTE_WRITE : 0);
   ibv_mr* mr = ibv_reg_mr(pd_, base, bytes, access);
   if (mr == nullptr) {
     const int err = errno;
     registrations_.registration_failures.Add(1);
-    return Errno(err, absl::StrCat("ibv_reg_mr of ", bytes, " bytes"));
+    rlimit limit{};
+    const bool have_limit = ::getrlimit(RLIMIT_MEMLOCK, &limit) == 0;
+    std::optional<uint64_t> memlock;
+    if (have_limit && limit.rlim_cur != RLIM_INFINITY) memlock = limit.rlim_cur;
+    return absl::UnavailableError(RegistrationErrorText(bytes, err, memlock));
   }
   registrations_.registrations.Add(1);
   registrations_.registered_bytes.Add(mr->length);

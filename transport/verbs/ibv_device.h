@@ -8,11 +8,12 @@
 // RoCE needs a GID: `gid_index` picks the entry of the port's GID table (soft-RoCE on an IPv4
 // interface: index 1 is the RoCEv2 IPv4-mapped address).
 //
-// Thread rules: an IbvDevice and its queue pairs belong to one thread (the engine's); memory may
-// be registered from another thread (libibverbs is thread-safe), as the transport will to keep
-// registration off the engine thread. Ownership: the device outlives its queue pairs and
-// registrations (destroy them first).
-// Built only where libibverbs is found (meson option `verbs`).
+// Thread rules: an IbvDevice and its queue pairs belong to one thread (the engine's); Register
+// and an IbvMemory's destruction may run on any thread (libibverbs is thread-safe, and they
+// touch only the protection domain, fixed at Open): the transport registers client arenas on
+// the session server's thread (registration_cache.h). Ownership: the device outlives its queue
+// pairs and registrations (destroy them first). Built only where libibverbs is found (meson option
+// `verbs`).
 #ifndef GRADLANE_TRANSPORT_VERBS_IBV_DEVICE_H_
 #define GRADLANE_TRANSPORT_VERBS_IBV_DEVICE_H_
 
@@ -27,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "transport/verbs/verbs_counters.h"
+#include "transport/verbs/registration_cache.h"
 #include "transport/verbs/verbs_queue_pair.h"
 #include "transport/verbs/verbs_wire.h"
 
@@ -34,13 +36,13 @@ namespace gradlane::transport::verbs {
 
 // A registered memory region; deregistered when destroyed (and taken out of its device's
 // registration counters).
-class IbvMemory {
+class IbvMemory final : public MemoryRegistration {
  public:
-  ~IbvMemory();
+  ~IbvMemory() override;
   IbvMemory(const IbvMemory&) = delete;
   IbvMemory& operator=(const IbvMemory&) = delete;
-  uint32_t lkey() const { return mr_->lkey; }
-  uint32_t rkey() const { return mr_->rkey; }
+  uint32_t lkey() const override { return mr_->lkey; }
+  uint32_t rkey() const override { return mr_->rkey; }
   uint8_t* base() const { return static_cast<uint8_t*>(mr_->addr); }
   uint64_t bytes() const { return mr_->length; }
 
@@ -92,8 +94,11 @@ class IbvDevice {
   IbvDevice& operator=(const IbvDevice&) = delete;
 
   // Counted in registrations() (a refusal too), from whichever thread registers.
+  // Failure: Unavailable with errno's text; when the kernel refused to pin more memory (ENOMEM
+  // or EPERM while RLIMIT_MEMLOCK is finite), the message names the limit, its value and how
+  // to raise it (RegistrationErrorText).
   absl::StatusOr<std::unique_ptr<IbvMemory>> Register(void* base, uint64_t bytes,
-                                                      bool remote_write);
+                                                      bool remote_write) const;
   // What is registered now, and the refusals so far; any thread.
   const RegistrationCounters& registrations() const { return registrations_; }
   absl::StatusOr<std::unique_ptr<IbvQueuePair>> CreateQueuePair(uint32_t send_depth,
@@ -122,7 +127,7 @@ class IbvDevice {
   int gid_index_ = 0;
   ibv_gid gid_{};
   ibv_mtu active_mtu_ = IBV_MTU_1024;
-  RegistrationCounters registrations_;
+  mutable RegistrationCounters registrations_;  // atomics: Register is const, any thread
 };
 
 }  // namespace gradlane::transport::verbs

@@ -62,7 +62,7 @@ class VerbsTransport::ReceiverSink final : public ReceiverEvents {
   SegmentTarget ResolveSegment_st(const FrameHeader& h) override {
     RecvTarget target = t_.handler_->ResolveRecv_st(c_.info, h);
     const std::optional<uint8_t*> at = t_.regions_.ResolveRecv(target, h.length);
-    if (!at.has_value() || (h.length > 0 && t_.region_mrs_[target.region] == nullptr)) {
+    if (!at.has_value() || (h.length > 0 && !t_.region_keys_[target.region].registered)) {
       return SegmentTarget{};
     }
     target.by_piece = false;  // this backend places whole payloads
@@ -71,7 +71,7 @@ class VerbsTransport::ReceiverSink final : public ReceiverEvents {
     s.accept = true;
     s.local = *at;
     s.remote_addr = reinterpret_cast<uint64_t>(*at);
-    s.rkey = h.length > 0 ? t_.region_mrs_[target.region]->rkey() : 0;
+    s.rkey = h.length > 0 ? t_.region_keys_[target.region].keys.rkey : 0;
     s.cookie = h.seq;
     return s;
   }
@@ -95,7 +95,7 @@ VerbsTransport::~VerbsTransport() {
   for (auto& [handle, c] : conns_) c->tearing_down = true;
   conns_.clear();  // queue pairs and their memory before the device
   graveyard_.clear();
-  region_mrs_.clear();
+  cache_.reset();  // registrations before the device
   if (epoll_fd_ >= 0) close(epoll_fd_);
 }
 
@@ -106,6 +106,13 @@ absl::StatusOr<std::unique_ptr<VerbsTransport>> VerbsTransport::Create(
   auto device = IbvDevice::Open(verbs.device, verbs.port, verbs.gid_index);
   if (!device.ok()) return device.status();
   t->device_ = std::move(*device);
+  const IbvDevice* dev = t->device_.get();
+  t->cache_ = std::make_unique<RegistrationCache>(
+      [dev](void* base, uint64_t bytes) -> absl::StatusOr<std::unique_ptr<MemoryRegistration>> {
+        auto mr = dev->Register(base, bytes, /*remote_write=*/true);
+        if (!mr.ok()) return mr.status();
+        return std::unique_ptr<MemoryRegistration>(std::move(*mr));
+      });
   auto tcp = tcp::TcpTransport::Create(options, t.get());
   if (!tcp.ok()) return tcp.status();
   t->tcp_ = std::move(*tcp);
@@ -114,7 +121,7 @@ absl::StatusOr<std::unique_ptr<VerbsTransport>> VerbsTransport::Create(
   if (!setup.ok()) return setup.status();
   t->setup_region_ = *setup;
   for (uint32_t i = options.max_connections; i > 0; --i) t->free_setup_slots_.push_back(i - 1);
-  t->region_mrs_.resize(options.max_regions);
+  t->region_keys_.resize(options.max_regions);
   t->epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (t->epoll_fd_ < 0) return absl::InternalError("epoll_create1 failed");
   for (int fd : {t->tcp_->capabilities().wait_fd, t->device_->completion_fd()}) {
@@ -163,20 +170,31 @@ void VerbsTransport::Disconnect_st(PeerHandle peer, TimeNs now) {
 absl::StatusOr<RegionId> VerbsTransport::RegisterRegion_st(void* base, uint64_t bytes) {
   absl::StatusOr<RegionId> id = regions_.Register(base, bytes);
   if (!id.ok()) return id;
+  RegionMemory m{base, bytes, RegionKeys{}, false};
   if (bytes > 0) {
-    auto mr = device_->Register(base, bytes, /*remote_write=*/true);
-    if (!mr.ok()) {
+    // A client arena was pinned by the session server (a lookup here); daemon-owned buffers
+    // (shard slab, ring staging, fusion buckets) are registered now, on this thread: they are
+    // sized by the job's plan, made when its first post activates it on this thread
+    // (daemon/job_runtime.cc says why they are not moved).
+    absl::StatusOr<RegionKeys> keys = cache_->Acquire(base, bytes);
+    if (!keys.ok()) {
       (void)regions_.Unregister(*id);
-      return mr.status();
+      return keys.status();
     }
-    region_mrs_[*id] = std::move(*mr);
+    m.keys = *keys;
+    m.registered = true;
   }
+  region_keys_[*id] = m;
   return id;
 }
 
 absl::Status VerbsTransport::UnregisterRegion_st(RegionId region) {
   if (absl::Status s = regions_.Unregister(region); !s.ok()) return s;
-  region_mrs_[region].reset();
+  RegionMemory& m = region_keys_[region];
+  // The engine unregisters a region only once no send from it is pending and its job's queue
+  // pairs are torn down, so no posted work request names these keys any more.
+  if (m.registered) (void)cache_->Release(m.base, m.bytes);
+  m = RegionMemory{};
   return absl::OkStatus();
 }
 
@@ -196,11 +214,11 @@ absl::Status VerbsTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) 
     return absl::OkStatus();
   }
   if (c.sender->failed()) return absl::NotFoundError("peer handle is not connected");
-  const IbvMemory* mr = region_mrs_[spec.region].get();
+  const RegionMemory& m = region_keys_[spec.region];
   OutgoingSegment s;
   s.header = MakeDataHeader(c.job_id, c.local_rank, spec);
   s.payload_addr = reinterpret_cast<uint64_t>(*payload);
-  s.payload_lkey = mr != nullptr ? mr->lkey() : 0;
+  s.payload_lkey = m.registered ? m.keys.lkey : 0;
   const uint64_t slot = c.send_index & (c.sends.size() - 1);
   s.cookie = slot;
   if (absl::Status st = c.sender->Post(s); !st.ok()) {

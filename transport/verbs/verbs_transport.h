@@ -18,6 +18,10 @@
 // Memory: every region the engine registers is registered with the device as well (local write
 // and remote write: a region is a send source and a receive target alike; docs/verbs.md says what
 // an rkey lets a peer do). Receive targets must lie in registered regions, as on every backend.
+// Registrations are shared by range and counted (registration_cache.h): registrar() lets the
+// session server register a client's arena on its own thread when the session is set up, and
+// RegisterRegion_st of that range on the engine thread is then a lookup. The data path reads the
+// keys from the engine thread's own table (region_keys_), never the shared cache.
 // Completions: one completion queue for every queue pair, polled in Progress_st; its completion
 // channel and the TCP transport's descriptor are both in this backend's wait_fd (an epoll set).
 // While a sender waits for replies (memory the peer writes, which raises no event), Progress_st
@@ -38,6 +42,7 @@
 #include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
 #include "transport/verbs/ibv_device.h"
+#include "transport/verbs/registration_cache.h"
 #include "transport/verbs/verbs_channel.h"
 #include "transport/verbs/verbs_options.h"
 
@@ -70,6 +75,7 @@ class VerbsTransport final : public Transport, private TransportHandler {
   // The TCP connections' counters (hellos, set-up frames), plus the RDMA data path in the totals.
   TransportStats Stats() const override;
   PeerStats PeerStatsOf(PeerHandle peer) const override { return tcp_->PeerStatsOf(peer); }
+  MemoryRegistrar* registrar() override { return &registrar_; }
 
   // "verbs", the device, port and GID index, every counter of verbs_counters.h and the port's
   // own counters (read from sysfs: a scrape's thread, never the engine's).
@@ -78,11 +84,33 @@ class VerbsTransport final : public Transport, private TransportHandler {
   const IbvDevice& device() const { return *device_; }
   // Every counter of verbs_counters.h now: the data path's and the registrations' (any thread).
   VerbsStats VerbsStatsNow() const;
+  // Any thread.
+  RegistrationStats registration_stats() const { return cache_->Stats(); }
 
  private:
   struct Conn;
   class SenderSink;
   class ReceiverSink;
+  // MemoryRegistrar on the cache: any thread.
+  class Registrar final : public MemoryRegistrar {
+   public:
+    explicit Registrar(VerbsTransport& t) : t_(t) {}
+    absl::Status Pin(void* base, uint64_t bytes) override {
+      absl::StatusOr<RegionKeys> keys = t_.cache_->Acquire(base, bytes);
+      return keys.ok() ? absl::OkStatus() : keys.status();
+    }
+    void Unpin(void* base, uint64_t bytes) override { (void)t_.cache_->Release(base, bytes); }
+
+   private:
+    VerbsTransport& t_;
+  };
+  // The engine thread's copy of a region's keys (`registered` false: a zero-length region).
+  struct RegionMemory {
+    void* base = nullptr;
+    uint64_t bytes = 0;
+    RegionKeys keys;
+    bool registered = false;
+  };
 
   VerbsTransport(const TransportOptions& options, const VerbsOptions& verbs,
                  TransportHandler* handler);
@@ -111,7 +139,10 @@ class VerbsTransport final : public Transport, private TransportHandler {
   std::unique_ptr<IbvDevice> device_;
   std::unique_ptr<tcp::TcpTransport> tcp_;
   RegionTable regions_;
-  std::vector<std::unique_ptr<IbvMemory>> region_mrs_;  // by RegionId
+  // Shared with the registrar's threads; destroyed before the device.
+  std::unique_ptr<RegistrationCache> cache_;
+  Registrar registrar_{*this};
+  std::vector<RegionMemory> region_keys_;  // by RegionId; engine thread
   // Set-up frames: one VerbsHello out and one in per connection slot, registered with tcp_.
   std::vector<VerbsHello> setup_;
   RegionId setup_region_ = kNoRegion;

@@ -18,6 +18,7 @@
 #include <deque>
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,6 +31,7 @@
 #include "libclient/gradlane.h"
 #include "tests/fakes/fake_transport.h"
 #include "transport/tcp/tcp_transport.h"
+#include "transport/verbs/registration_cache.h"
 
 namespace gradlane::daemon {
 namespace {
@@ -43,13 +45,117 @@ constexpr uint64_t kPartition = 4096;
 
 std::string Addr(int i) { return absl::StrCat("h", i, ":1"); }
 
+// A MemoryRegistrar as the verbs backend's (counted pins of ranges), recording on which threads
+// it was called; `refuse` makes Pin fail as a device over RLIMIT_MEMLOCK does.
+class TestRegistrar final : public transport::MemoryRegistrar {
+ public:
+  absl::Status Pin(void* base, uint64_t bytes) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (refuse_) {
+      return absl::UnavailableError(
+          transport::verbs::RegistrationErrorText(bytes, ENOMEM, uint64_t{65536}));
+    }
+    ++pins_;
+    ++pinned_[{base, bytes}];
+    threads_.push_back(std::this_thread::get_id());
+    return absl::OkStatus();
+  }
+  void Unpin(void* base, uint64_t bytes) override {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = pinned_.find({base, bytes});
+    EXPECT_NE(it, pinned_.end()) << "unpinned a range that is not pinned";
+    if (it != pinned_.end() && --it->second == 0) pinned_.erase(it);
+    ++unpins_;
+    threads_.push_back(std::this_thread::get_id());
+  }
+  bool Pinned(void* base, uint64_t bytes) {
+    std::lock_guard<std::mutex> l(mu_);
+    return pinned_.contains({base, bytes});
+  }
+  void set_refuse(bool refuse) {
+    std::lock_guard<std::mutex> l(mu_);
+    refuse_ = refuse;
+  }
+  int pins() {
+    std::lock_guard<std::mutex> l(mu_);
+    return pins_;
+  }
+  int unpins() {
+    std::lock_guard<std::mutex> l(mu_);
+    return unpins_;
+  }
+  std::vector<std::thread::id> threads() {
+    std::lock_guard<std::mutex> l(mu_);
+    return threads_;
+  }
+
+ private:
+  std::mutex mu_;
+  bool refuse_ = false;
+  int pins_ = 0, unpins_ = 0;
+  std::map<std::pair<void*, uint64_t>, int> pinned_;
+  std::vector<std::thread::id> threads_;
+};
+
+// A transport that hands out `registrar` and counts, on the engine thread, which regions it was
+// asked to register were pinned already (a lookup for verbs) and which not (device work there).
+class RegisteringTransport final : public transport::Transport {
+ public:
+  RegisteringTransport(std::unique_ptr<transport::Transport> inner, TestRegistrar* registrar)
+      : inner_(std::move(inner)), registrar_(registrar) {}
+  transport::TransportCapabilities capabilities() const override { return inner_->capabilities(); }
+  std::string_view backend_name() const override { return inner_->backend_name(); }
+  absl::StatusOr<uint16_t> Listen_st() override { return inner_->Listen_st(); }
+  absl::Status AddJob_st(const transport::JobCredentials& job) override {
+    return inner_->AddJob_st(job);
+  }
+  absl::Status RemoveJob_st(uint64_t job_id) override { return inner_->RemoveJob_st(job_id); }
+  absl::StatusOr<transport::PeerHandle> Connect_st(const transport::JobCredentials& job,
+                                                   std::string_view address,
+                                                   sched::TimeNs now) override {
+    return inner_->Connect_st(job, address, now);
+  }
+  void Disconnect_st(transport::PeerHandle peer, sched::TimeNs now) override {
+    inner_->Disconnect_st(peer, now);
+  }
+  absl::StatusOr<transport::RegionId> RegisterRegion_st(void* base, uint64_t bytes) override {
+    engine_thread_ = std::this_thread::get_id();
+    if (bytes > 0) ++(registrar_->Pinned(base, bytes) ? found_ : registered_);
+    return inner_->RegisterRegion_st(base, bytes);
+  }
+  absl::Status UnregisterRegion_st(transport::RegionId region) override {
+    return inner_->UnregisterRegion_st(region);
+  }
+  absl::Status PostSend_st(transport::PeerHandle peer, const transport::SendSpec& spec) override {
+    return inner_->PostSend_st(peer, spec);
+  }
+  int Progress_st(sched::TimeNs now, int wait_ms) override {
+    return inner_->Progress_st(now, wait_ms);
+  }
+  bool HasDeferredWork_st() const override { return inner_->HasDeferredWork_st(); }
+  transport::TransportStats Stats() const override { return inner_->Stats(); }
+  transport::PeerStats PeerStatsOf(transport::PeerHandle peer) const override {
+    return inner_->PeerStatsOf(peer);
+  }
+  transport::MemoryRegistrar* registrar() override { return registrar_; }
+
+  std::atomic<int> found_{0}, registered_{0};
+  std::atomic<std::thread::id> engine_thread_{};
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+  TestRegistrar* registrar_;
+};
+
 // W engines on one FakeNetwork, polled by one driver thread.
 class Cluster {
  public:
   // `tweak` adjusts engine i's options (daemons configured differently).
+  // With `registrar`, every engine's transport hands it out (RegisteringTransport).
   Cluster(int n, EngineOptions base, const std::string& tag,
-          std::function<void(int, EngineOptions&)> tweak = nullptr)
-      : base_(std::move(base)), tag_(tag), tweak_(std::move(tweak)) {
+          std::function<void(int, EngineOptions&)> tweak = nullptr,
+          TestRegistrar* registrar = nullptr)
+      : base_(std::move(base)), tag_(tag), tweak_(std::move(tweak)), registrar_(registrar) {
     for (int i = 0; i < n; ++i) AddEngine(i);
     driver_ = std::thread([this] { Loop(); });
   }
@@ -69,6 +175,7 @@ class Cluster {
   }
   const std::string& socket(int i) const { return sockets_[i]; }
   EngineStats Stats(int i) const { return engines_[i]->Stats(); }
+  RegisteringTransport* registering(int i) const { return registering_[i]; }
 
   // Runs `fn` on the driver thread (the only thread that may touch engines and the network).
   void OnDriver(std::function<void()> fn) {
@@ -119,16 +226,24 @@ class Cluster {
                                           "-", generation_++, ".sock");
     o.transport.listen_address = absl::StrCat("h", i);
     o.transport.listen_port = 1;
-    auto e = FakeEngine::Create(o, [this](const transport::TransportOptions& to,
-                                          transport::TransportHandler* h) {
-      return FakeTransport::Create(to, h, &net_);
-    });
-    EXPECT_TRUE(e.ok()) << e.status();
     if (static_cast<int>(engines_.size()) <= i) {
       engines_.resize(i + 1);
       sockets_.resize(i + 1);
       alive_.resize(i + 1, true);
+      registering_.resize(i + 1);
     }
+    auto e = FakeEngine::Create(
+        o,
+        [this, i](const transport::TransportOptions& to, transport::TransportHandler* h)
+            -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+          auto t = FakeTransport::Create(to, h, &net_);
+          if (!t.ok()) return t.status();
+          if (registrar_ == nullptr) return std::unique_ptr<transport::Transport>(std::move(*t));
+          auto r = std::make_unique<RegisteringTransport>(std::move(*t), registrar_);
+          registering_[i] = r.get();
+          return std::unique_ptr<transport::Transport>(std::move(r));
+        });
+    EXPECT_TRUE(e.ok()) << e.status();
     engines_[i] = std::move(*e);
     sockets_[i] = o.sessions.socket_path;
     alive_[i] = true;
@@ -155,8 +270,10 @@ class Cluster {
   std::string tag_;
   std::function<void(int, EngineOptions&)> tweak_;
   int generation_ = 0;
+  TestRegistrar* registrar_;
   FakeNetwork net_;
   std::vector<std::unique_ptr<FakeEngine>> engines_;
+  std::vector<RegisteringTransport*> registering_;
   std::vector<std::string> sockets_;
   std::vector<bool> alive_;
   std::atomic<bool> stop_{false};
@@ -898,6 +1015,58 @@ TEST(EngineTest, BytesSchedulerWithOnlineTuningStaysExact) {
   EXPECT_GT(cluster.Stats(0).tuner_trials + cluster.Stats(1).tuner_trials +
                 cluster.Stats(2).tuner_trials,
             0u);
+}
+
+// The client arenas are registered with the device by the session server when the session is set
+// up, not by the engine thread when the job starts (there it is found), and deregistered off the
+// engine thread once the job and the session are both gone.
+TEST(EngineTest, ArenasAreRegisteredAndDeregisteredOffTheEngineThread) {
+  TestRegistrar registrar;
+  {
+    Cluster cluster(2, TestOptions(), "pin", nullptr, &registrar);
+    JobSpec job{"job-pin", 2, "", "secret", AwkwardTensors(), 5};
+    RunJob(cluster, job, 2, /*mean=*/false);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(cluster.Stats(i).jobs_failed, 0u);
+      // The arena (found) and the shard slab and manifests (daemon-owned, registered there).
+      EXPECT_EQ(cluster.registering(i)->found_.load(), 1) << "daemon " << i;
+      EXPECT_GE(cluster.registering(i)->registered_.load(), 1) << "daemon " << i;
+    }
+    EXPECT_EQ(registrar.pins(), 2);  // one per session
+    // Clients closed: the sessions close, the jobs are released 200 ms later, and the
+    // acceptor threads drop the last references.
+    const auto end = Clock::now() + std::chrono::seconds(10);
+    while (registrar.unpins() < 2 && Clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(registrar.unpins(), 2);
+    const std::thread::id engine = cluster.registering(0)->engine_thread_.load();
+    for (std::thread::id t : registrar.threads()) EXPECT_NE(t, engine);
+  }
+  EXPECT_EQ(registrar.pins(), registrar.unpins());
+}
+
+// A device that refuses a session's arena (RLIMIT_MEMLOCK too low) refuses the session with
+// GL_E_NO_MEMORY and the reason, and the daemon goes on serving.
+TEST(EngineTest, AnArenaTheDeviceRefusesRefusesTheSessionNamingTheLimit) {
+  TestRegistrar registrar;
+  Cluster cluster(1, TestOptions(), "refuse", nullptr, &registrar);
+  registrar.set_refuse(true);
+  gl_connect_options o{};
+  const std::string socket = cluster.socket(0);
+  o.socket_path = socket.c_str();
+  o.arena_bytes = 8 << 20;
+  o.timeout_ms = 10000;
+  gl_client* c = nullptr;
+  EXPECT_EQ(gl_connect(&o, &c), GL_E_NO_MEMORY);
+  const std::string why = gl_last_error(nullptr);
+  EXPECT_EQ(why.rfind("arena: RLIMIT_MEMLOCK is 65536 bytes, too low to pin 8388608", 0), 0u)
+      << why;
+  EXPECT_EQ(registrar.pins(), 0);
+  registrar.set_refuse(false);
+  JobSpec job{"job-after-refusal", 1, "", "", AwkwardTensors(), 3};
+  RunJob(cluster, job, 1, /*mean=*/false);
+  EXPECT_EQ(cluster.Stats(0).jobs_failed, 0u);
 }
 
 TEST(EngineTest, TwoJobsAtOnceStayCorrect) {
