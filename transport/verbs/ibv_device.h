@@ -27,8 +27,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "transport/verbs/verbs_counters.h"
 #include "transport/verbs/registration_cache.h"
+#include "transport/verbs/verbs_counters.h"
 #include "transport/verbs/verbs_queue_pair.h"
 #include "transport/verbs/verbs_wire.h"
 
