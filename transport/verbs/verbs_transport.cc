@@ -52,7 +52,6 @@ struct VerbsTransport::Conn {
   std::vector<SendCompletion> sends;  // by the channel's cookie (a ring of reply_entries)
   uint64_t send_index = 0;
   std::vector<SendSpec> early;  // posted before the queue pair was up, in order
-  uint64_t dbg_segments = 0, dbg_bytes = 0;  // TEMPORARY (diagnosis)
   // Receiver (the acceptor's end).
   std::vector<uint8_t> slots, staging;
   std::unique_ptr<IbvMemory> slots_mr, staging_mr;
@@ -259,8 +258,6 @@ absl::Status VerbsTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) 
   c.sends[slot] =
       SendCompletion{peer, spec.cookie, spec.key, spec.iteration, spec.offset, spec.length};
   ++c.send_index;
-  ++c.dbg_segments;
-  c.dbg_bytes += spec.length;
   return absl::OkStatus();
 }
 
@@ -562,7 +559,7 @@ int VerbsTransport::Progress_st(TimeNs now, int wait_ms) {
     last_dump = now;
     for (const auto& [h, c] : conns_) {
       Trace("state h=", h, " job=", c->info.job_id, " rank=", c->info.rank,
-            " outbound=", c->outbound, " up=", c->up_reported, " early=", c->early.size(), " posted ", c->dbg_segments, " segs ", c->dbg_bytes, " B ",
+            " outbound=", c->outbound, " up=", c->up_reported, " early=", c->early.size(), " ",
             c->sender != nullptr ? c->sender->DebugString() : std::string(), " ",
             c->receiver != nullptr ? c->receiver->DebugString() : std::string());
     }
