@@ -33,11 +33,9 @@
 
 #include <cstdint>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "transport/verbs/verbs_counters.h"
 #include "transport/verbs/verbs_queue_pair.h"
 #include "transport/verbs/verbs_wire.h"
@@ -121,13 +119,6 @@ class VerbsSender {
   // Not counted as a channel failure: the peer's going down is counted by the transport.
   void Abort_st(const absl::Status& why) { Fail(why, /*count=*/false); }
 
-  // TEMPORARY (diagnosis): the channel's state in one line.
-  std::string DebugString() const {
-    return absl::StrCat("sender next=", next_seq_, " header=", header_seq_, " write=", write_seq_,
-                        " reply=", reply_seq_, " done=", done_seq_, " fwd_used=", forward_used_,
-                        " credits=", failed_ ? 0 : credits(), " sq=", sq_posted_, "/", sq_completed_,
-                        " failed=", failed_);
-  }
   bool failed() const { return failed_; }
   size_t pending() const { return static_cast<size_t>(next_seq_ - done_seq_); }
   // Segments wait for the peer (a reply, a credit, a write's completion): the owner must keep
@@ -245,13 +236,6 @@ class VerbsReceiver {
   // counted as a channel failure.
   void Abort_st(const absl::Status& why) { Fail(why, /*count=*/false); }
 
-  // TEMPORARY (diagnosis): the channel's state in one line.
-  std::string DebugString() const {
-    return absl::StrCat("receiver expected=", expected_seq_, " recv_posted=", recv_posted_,
-                        " credit_reported=", credit_reported_, " replies=", replies_queued_, "/",
-                        replies_posted_, " sq=", sq_posted_, "/", sq_completed_, " placed=", placed_,
-                        " failed=", failed_);
-  }
   bool failed() const { return failed_; }
   uint64_t placed() const { return placed_; }
   uint64_t refused() const { return refused_; }

@@ -553,17 +553,6 @@ int VerbsTransport::Progress_st(TimeNs now, int wait_ms) {
     if (it == conns_.end()) continue;
     if (it->second->sender != nullptr) handled += it->second->sender->Progress_st();
   }
-  // TEMPORARY (diagnosis): every 5 s while traced, each connection's channel state.
-  static TimeNs last_dump = 0;
-  if (TraceOn() && now - last_dump > 5 * sched::kSecond) {
-    last_dump = now;
-    for (const auto& [h, c] : conns_) {
-      Trace("state h=", h, " job=", c->info.job_id, " rank=", c->info.rank,
-            " outbound=", c->outbound, " up=", c->up_reported, " early=", c->early.size(), " ",
-            c->sender != nullptr ? c->sender->DebugString() : std::string(), " ",
-            c->receiver != nullptr ? c->receiver->DebugString() : std::string());
-    }
-  }
   while (!failed_.empty()) {
     Conn* c = failed_.back();
     failed_.pop_back();
