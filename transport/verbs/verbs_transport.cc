@@ -417,12 +417,6 @@ void VerbsTransport::OnRecvDone_st(const PeerInfo& peer, const FrameHeader&, con
     return;
   }
   const VerbsHello& hello = setup_[size_t{c.setup_slot} * 2 + 1];
-  // TEMPORARY (diagnosis): GRADLANE_VERBS_TEST_SETUP_DELAY_MS stands for a starved engine thread
-  // between the acceptor's answer arriving and this side's queue pair moving to RTR.
-  if (const char* d = std::getenv("GRADLANE_VERBS_TEST_SETUP_DELAY_MS"); d != nullptr) {
-    Trace("test delay ", d, " ms before connecting h=", c.handle);
-    ::usleep(static_cast<useconds_t>(std::atoi(d)) * 1000);
-  }
   ChannelLimits l = verbs_.limits;
   l.recv_slots = hello.recv_slots;
   l.slot_bytes = hello.slot_bytes;
