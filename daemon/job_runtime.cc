@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -385,9 +384,6 @@ absl::Status JobRuntime::SendControl_st(uint16_t rank, sched::SegmentKey key,
 // ------------------------------------------------------------------- transport events ----
 
 void JobRuntime::OnOutboundUp_st(uint16_t rank) {
-  if (std::getenv("GRADLANE_VERBS_TRACE") != nullptr) {  // TEMPORARY
-    LogLine(absl::StrCat("jtrace job ", id(), ": outbound to rank ", rank, " up"));
-  }
   if (failed_) return;
   JobPeer& p = peers_[rank];
   p.state = PeerState::kUp;
@@ -407,10 +403,6 @@ void JobRuntime::OnOutboundUp_st(uint16_t rank) {
 }
 
 void JobRuntime::OnOutboundDown_st(uint16_t rank, const absl::Status& why, TimeNs now) {
-  if (std::getenv("GRADLANE_VERBS_TRACE") != nullptr) {  // TEMPORARY (verbs_exact hang)
-    LogLine(absl::StrCat("jtrace job ", id(), ": outbound to rank ", rank, " down (failed=",
-                         failed_, " ever_up=", peers_[rank].ever_up, "): ", why.ToString()));
-  }
   if (failed_) return;
   const transport::TransportOptions& topt = host_.options().transport;
   JobPeer& p = peers_[rank];
@@ -442,11 +434,6 @@ void JobRuntime::OnInboundUp_st(uint16_t rank, PeerHandle handle) {
 }
 
 void JobRuntime::OnInboundDown_st(uint16_t rank, PeerHandle handle, const absl::Status& why) {
-  if (std::getenv("GRADLANE_VERBS_TRACE") != nullptr && rank < plan_.world) {  // TEMPORARY
-    LogLine(absl::StrCat("jtrace job ", id(), ": inbound from rank ", rank, " h=", handle,
-                         " down (failed=", failed_, " in=", peers_[rank].in, " manifest_ok=",
-                         peers_[rank].manifest_ok, "): ", why.ToString()));
-  }
   if (failed_ || rank >= plan_.world || rank == plan_.rank) return;
   JobPeer& p = peers_[rank];
   // Not the rank's connection: one it abandoned mid-handshake (superseded by a later dial).
@@ -637,9 +624,6 @@ void JobRuntime::OnLeave_st(uint16_t r) {
 }
 
 void JobRuntime::OnManifest_st(const transport::PeerInfo& peer) {
-  if (std::getenv("GRADLANE_VERBS_TRACE") != nullptr) {  // TEMPORARY
-    LogLine(absl::StrCat("jtrace job ", id(), ": manifest from rank ", peer.rank, " h=", peer.handle));
-  }
   const uint32_t r = peer.rank;
   const ManifestBody& m = manifest_in_[r];
   if (m.magic == kManifestMagic && m.fingerprint == plan_.fingerprint &&

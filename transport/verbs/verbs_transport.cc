@@ -5,34 +5,12 @@
 
 #include <bit>
 #include <cerrno>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <ctime>
 
 #include "absl/strings/str_cat.h"
 #include "transport/verbs/verbs_describe.h"
 
 namespace gradlane::transport::verbs {
-
-namespace {
-// TEMPORARY (diagnosis of the verbs_exact hang): GRADLANE_VERBS_TRACE=1 prints the connection
-// life cycle to stderr.
-bool TraceOn() {
-  static const bool on = std::getenv("GRADLANE_VERBS_TRACE") != nullptr;
-  return on;
-}
-template <typename... A>
-void Trace(const A&... a) {
-  if (!TraceOn()) return;
-  timespec ts;
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  struct tm tm;
-  ::gmtime_r(&ts.tv_sec, &tm);
-  std::fprintf(stderr, "%02d:%02d:%02d.%03ld vtrace: %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
-               ts.tv_nsec / 1000000, absl::StrCat(a...).c_str());
-}
-}  // namespace
 
 struct VerbsTransport::Conn {
   PeerHandle handle = kNoPeer;
@@ -69,9 +47,7 @@ class VerbsTransport::SenderSink final : public SenderEvents {
   void OnSendFailed_st(uint64_t cookie, const absl::Status& why) override {
     t_.handler_->OnSendFailed_st(c_.sends[cookie], why);
   }
-  void OnChannelDown_st(const absl::Status& why) override {
-    Trace("sender channel down h=", c_.handle, " job=", c_.job_id, " rank=", c_.info.rank,
-          " tearing_down=", c_.tearing_down, " why=", why.ToString());
+  void OnChannelDown_st(const absl::Status&) override {
     if (!c_.tearing_down) t_.failed_.push_back(&c_);
   }
 
@@ -102,9 +78,7 @@ class VerbsTransport::ReceiverSink final : public ReceiverEvents {
   void OnSegmentPlaced_st(const FrameHeader& h, const SegmentTarget&) override {
     t_.handler_->OnRecvDone_st(c_.info, h, c_.targets[h.seq & (c_.targets.size() - 1)], t_.now_);
   }
-  void OnChannelDown_st(const absl::Status& why) override {
-    Trace("receiver channel down h=", c_.handle, " job=", c_.info.job_id, " rank=", c_.info.rank,
-          " tearing_down=", c_.tearing_down, " why=", why.ToString());
+  void OnChannelDown_st(const absl::Status&) override {
     if (!c_.tearing_down) t_.failed_.push_back(&c_);
   }
 
@@ -184,7 +158,6 @@ absl::StatusOr<PeerHandle> VerbsTransport::Connect_st(const JobCredentials& job,
   c->job_id = job.job_id;
   c->setup_slot = free_setup_slots_.back();
   free_setup_slots_.pop_back();
-  Trace("connect h=", *h, " job=", job.job_id, " to ", std::string(address));
   conns_[*h] = std::move(c);
   return h;
 }
@@ -276,8 +249,6 @@ void VerbsTransport::OnPeerUp_st(const PeerInfo& peer) {
   }
   Conn& c = *it->second;
   c.info = peer;
-  Trace("tcp up h=", peer.handle, " job=", peer.job_id, " rank=", peer.rank,
-        " inbound=", peer.inbound, " outbound_conn=", c.outbound, " had_qp=", c.qp != nullptr);
   if (!c.outbound) return;
   if (absl::Status s = StartSender_st(c); !s.ok()) {
     failed_.push_back(&c);
@@ -306,7 +277,6 @@ absl::Status VerbsTransport::StartSender_st(Conn& c) {
   out.reply_rkey = c.reply_mr->rkey();
   out.reply_entries = l.reply_entries;
   by_qp_[c.qp->qp_num()] = &c;
-  Trace("sender qp h=", c.handle, " qpn=", c.qp->qp_num());
   return absl::OkStatus();
 }
 
@@ -342,8 +312,6 @@ absl::Status VerbsTransport::StartReceiver_st(Conn& c) {
   out = c.qp->LocalHello();
   out.recv_slots = static_cast<uint16_t>(l.recv_slots);
   out.slot_bytes = l.slot_bytes;
-  Trace("receiver qp h=", c.handle, " rank=", c.info.rank, " qpn=", c.qp->qp_num(),
-        " peer qpn=", peer.qp_num);
   // Receives are posted before the dialer learns our queue pair: nothing it sends can find none.
   // Writes (the first credit word) wait until the dialer's queue pair can take them: it moves
   // to ready-to-receive only when our answer reaches it, and what arrives before is dropped.
@@ -390,11 +358,7 @@ RecvTarget VerbsTransport::ResolveRecv_st(const PeerInfo& peer, const FrameHeade
   }
   const Conn& c = *it->second;
   const bool awaited = c.outbound ? (c.qp != nullptr && c.sender == nullptr) : c.qp == nullptr;
-  if (!awaited) {
-    Trace("setup frame rejected h=", peer.handle, " outbound=", c.outbound,
-          " qp=", c.qp != nullptr, " sender=", c.sender != nullptr);
-    return RecvTarget::Reject();
-  }
+  if (!awaited) return RecvTarget::Reject();
   return RecvTarget::Into(setup_region_, (uint64_t{c.setup_slot} * 2 + 1) * sizeof(VerbsHello));
 }
 
@@ -412,7 +376,6 @@ void VerbsTransport::OnRecvDone_st(const PeerInfo& peer, const FrameHeader&, con
       return;
     }
     c.up_reported = true;
-    Trace("inbound up h=", c.handle, " rank=", c.info.rank);
     handler_->OnPeerUp_st(c.info);
     return;
   }
@@ -422,8 +385,6 @@ void VerbsTransport::OnRecvDone_st(const PeerInfo& peer, const FrameHeader&, con
   l.slot_bytes = hello.slot_bytes;
   absl::Status s = l.Validate();
   if (s.ok()) s = c.qp->Connect(hello);
-  Trace("sender connected h=", c.handle, " rank=", c.info.rank, " qpn=", c.qp->qp_num(),
-        " peer qpn=", hello.qp_num, " early=", c.early.size(), " status=", s.ToString());
   if (!s.ok()) {
     failed_.push_back(&c);
     return;
@@ -457,9 +418,6 @@ void VerbsTransport::OnPeerDown_st(const PeerInfo& peer, const absl::Status& why
     return;
   }
   std::unique_ptr<Conn> c = std::move(it->second);
-  Trace("down h=", peer.handle, " job=", peer.job_id, " rank=", peer.rank,
-        " outbound=", c->outbound, " up_reported=", c->up_reported,
-        " qpn=", c->qp != nullptr ? c->qp->qp_num() : 0, " why=", why.ToString());
   conns_.erase(it);
   Teardown_st(*c, why);
   const bool report = c->outbound || c->up_reported;
@@ -499,18 +457,10 @@ void VerbsTransport::PollCompletions_st() {
     for (size_t i = 0; i < *n; ++i) {
       auto it = by_qp_.find(wc[i].qp_num);
       if (it == by_qp_.end()) {  // a queue pair already torn down (its flushes)
-        if (wc[i].completion.status != CompletionStatus::kSuccess) {
-          Trace("completion for gone qpn=", wc[i].qp_num, " status=",
-                CompletionStatusName(wc[i].completion.status));
-        }
         CountCompletion(counters_, wc[i].completion);
         continue;
       }
       Conn& c = *it->second;
-      if (wc[i].completion.status != CompletionStatus::kSuccess) {
-        Trace("error completion h=", c.handle, " qpn=", wc[i].qp_num, " wr_id=",
-              wc[i].completion.wr_id, " status=", CompletionStatusName(wc[i].completion.status));
-      }
       if (c.sender != nullptr) {
         c.sender->OnCompletion_st(wc[i].completion);  // counts it
       } else if (c.receiver != nullptr) {
