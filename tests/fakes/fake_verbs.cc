@@ -126,7 +126,8 @@ bool FakeQueuePair::Step() {
     bytes.insert(bytes.end(), src, src + w.sge[i].length);
   }
   FakeQueuePair& peer = *peer_;
-  if (peer.in_error_) return fail(CompletionStatus::kRetryExceeded, false);
+  if (peer.in_error_ || !peer.ready_to_receive_)
+    return fail(CompletionStatus::kRetryExceeded, false);
   if (w.op == WorkOp::kWrite || w.op == WorkOp::kWriteWithImm) {
     uint8_t* dst = nic_.Remote(w.remote_addr, bytes.size(), w.rkey);
     if (dst == nullptr) return fail(CompletionStatus::kRemoteAccessError, true);

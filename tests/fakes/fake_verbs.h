@@ -12,7 +12,10 @@
 //     the peer's outstanding receives too, and later posts fail.
 // Work runs only when the test calls Run(): each step executes the oldest request of one queue
 // pair, so a test controls how requests interleave. Faults: FailNextSend(status) makes the
-// queue pair's next send-queue request complete with that status.
+// queue pair's next send-queue request complete with that status. SetReadyToReceive(false)
+// stands for a queue pair its owner has not yet moved to ready-to-receive (RTR): a real NIC drops
+// what reaches it and the requester retries until retry_cnt runs out; here the requester's
+// request completes kRetryExceeded at once (its queue pair in error), the not-ready one unharmed.
 //
 // Test-only and single-threaded; it allocates freely.
 #ifndef GRADLANE_TESTS_FAKES_FAKE_VERBS_H_
@@ -43,6 +46,7 @@ class FakeQueuePair final : public QueuePair {
   // Completions this queue pair produced (its send requests and its receives), oldest first.
   std::vector<Completion> TakeCompletions();
   void FailNextSend(CompletionStatus status) { fail_next_ = status; }
+  void SetReadyToReceive(bool ready) { ready_to_receive_ = ready; }
   bool in_error() const { return in_error_; }
   size_t send_queue() const { return send_queue_.size(); }
   size_t posted_receives() const { return recv_queue_.size(); }
@@ -64,6 +68,7 @@ class FakeQueuePair final : public QueuePair {
   std::vector<Completion> completions_;
   std::optional<CompletionStatus> fail_next_;
   bool in_error_ = false;
+  bool ready_to_receive_ = true;
   uint64_t signaled_ = 0;
   uint64_t sends_ = 0;
 };

@@ -329,7 +329,8 @@ VerbsReceiver::VerbsReceiver(QueuePair& qp, const ChannelLimits& limits,
 
 VerbsReceiver::~VerbsReceiver() { counters_.queue_pairs.Sub_st(1); }
 
-absl::Status VerbsReceiver::Start_st() {
+absl::Status VerbsReceiver::Start_st(bool hold_writes) {
+  writes_held_ = hold_writes;
   for (uint64_t slot = 0; slot < limits_.recv_slots; ++slot) {
     RecvWork w;
     w.wr_id = slot;
@@ -341,6 +342,12 @@ absl::Status VerbsReceiver::Start_st() {
   }
   Flush_st();
   return absl::OkStatus();
+}
+
+void VerbsReceiver::PeerReady_st() {
+  if (!writes_held_) return;
+  writes_held_ = false;
+  Flush_st();
 }
 
 void VerbsReceiver::Repost(uint64_t slot) {
@@ -455,7 +462,8 @@ void VerbsReceiver::OnWriteArrived(const Completion& c) {
 }
 
 int VerbsReceiver::Flush_st() {
-  if (failed_) return 0;
+  // Held: the sender cannot have used a credit yet (it has none), so nothing else is due either.
+  if (failed_ || writes_held_) return 0;
   int posted = 0;
   auto room = [this] { return sq_posted_ - sq_completed_ < limits_.send_queue_depth; };
   auto post_write = [&](const void* value, uint32_t bytes, uint64_t remote) -> bool {

@@ -219,8 +219,14 @@ class VerbsReceiver {
   VerbsReceiver(const VerbsReceiver&) = delete;
   VerbsReceiver& operator=(const VerbsReceiver&) = delete;
 
-  // Posts every receive slot and tells the sender (its first CreditWord).
-  absl::Status Start_st();
+  // Posts every receive slot and tells the sender (its first CreditWord) — at once, or with
+  // `hold_writes` only once PeerReady_st is called. A sender's queue pair that is not yet ready
+  // to receive (before RTR) drops what reaches it; the RC retries (retry_cnt tries of `timeout`
+  // each, about 0.5 s) then run out and fail the connection. So a receiver whose sender may
+  // still be setting up its queue pair holds every write until it knows the sender is ready.
+  absl::Status Start_st(bool hold_writes = false);
+  // The sender's queue pair takes writes now: the held credit word goes out.
+  void PeerReady_st();
   // A completion of this queue pair (receives, and this side's reply writes).
   void OnCompletion_st(const Completion& completion);
   // Posts the replies and the credit word that wait for send-queue room. Returns requests posted.
@@ -265,6 +271,7 @@ class VerbsReceiver {
   uint64_t sq_completed_ = 0;
   uint64_t placed_ = 0;
   uint64_t refused_ = 0;
+  bool writes_held_ = false;  // nothing is written to the sender until PeerReady_st
   bool failed_ = false;
 };
 

@@ -313,7 +313,32 @@ absl::Status VerbsTransport::StartReceiver_st(Conn& c) {
   out.recv_slots = static_cast<uint16_t>(l.recv_slots);
   out.slot_bytes = l.slot_bytes;
   // Receives are posted before the dialer learns our queue pair: nothing it sends can find none.
-  return c.receiver->Start_st();
+  // Writes (the first credit word) wait until the dialer's queue pair can take them: it moves
+  // to ready-to-receive only when our answer reaches it, and what arrives before is dropped.
+  // RC retries a dropped write for retry_cnt × timeout (about 0.5 s) and then fails the
+  // connection, so an engine thread that takes longer to get there (a loaded host) must not be
+  // written to yet. OnSendAcked_st releases them.
+  return c.receiver->Start_st(/*hold_writes=*/true);
+}
+
+void VerbsTransport::OnSendAcked_st(const SendCompletion& send, TimeNs now) {
+  now_ = now;
+  auto it = conns_.find(send.peer);
+  if (it == conns_.end() || send.key != kVerbsSetupKey) return;
+  Conn& c = *it->second;
+  // The acceptor's answer acknowledged: the dialer acknowledges a frame only after handling it
+  // (OnRecvDone_st), and handling it moved its queue pair to ready-to-send.
+  if (!c.outbound && c.receiver != nullptr) c.receiver->PeerReady_st();
+}
+
+void VerbsTransport::OnSendFailed_st(const SendCompletion& send, const absl::Status&) {
+  auto it = conns_.find(send.peer);
+  if (it == conns_.end() || send.key != kVerbsSetupKey) return;
+  // The peer refused our set-up frame (it was not waiting for one) or the TCP connection is
+  // going down (its peer-down follows and tears the connection down first). Either way no
+  // queue pair will come up on it: close it rather than leave its sends waiting.
+  Conn& c = *it->second;
+  if (!c.tearing_down) failed_.push_back(&c);
 }
 
 absl::Status VerbsTransport::SendSetup_st(Conn& c) {

@@ -119,8 +119,10 @@ class VerbsTransport final : public Transport, private TransportHandler {
   void OnPeerUp_st(const PeerInfo& peer) override;
   void OnPeerDown_st(const PeerInfo& peer, const absl::Status& why) override;
   void OnSendDone_st(const SendCompletion&) override {}
-  void OnSendAcked_st(const SendCompletion&, TimeNs) override {}
-  void OnSendFailed_st(const SendCompletion&, const absl::Status&) override {}
+  // Only set-up frames travel on the TCP connections: the dialer acknowledges the acceptor's
+  // once its queue pair is ready (below); one that fails means the connection cannot come up.
+  void OnSendAcked_st(const SendCompletion& send, TimeNs now) override;
+  void OnSendFailed_st(const SendCompletion& send, const absl::Status& why) override;
   RecvTarget ResolveRecv_st(const PeerInfo& peer, const FrameHeader& header) override;
   void OnRecvDone_st(const PeerInfo& peer, const FrameHeader& header, const RecvTarget& target,
                      TimeNs now) override;

@@ -68,7 +68,9 @@ struct ReceiverLog : ReceiverEvents {
 // and destination buffers of `bytes` each.
 class Link {
  public:
-  Link(ChannelLimits limits, size_t bytes)
+  // `start`: the receiver posts its receives and writes its first credit word at once (as the
+  // tests below but the set-up ones want).
+  Link(ChannelLimits limits, size_t bytes, bool start = true)
       : limits_(limits),
         source_(bytes),
         destination_(bytes, 0),
@@ -97,7 +99,9 @@ class Link {
         ReceiverMemory{slots_.data(), slots.lkey, staging_.data(), staging.lkey,
                        reinterpret_cast<uint64_t>(reply_region_.data()), reply.rkey},
         receiver_log_, &counters_);
-    EXPECT_TRUE(receiver_->Start_st().ok());
+    if (start) {
+      EXPECT_TRUE(receiver_->Start_st().ok());
+    }
   }
 
   absl::Status Post(uint64_t key, uint64_t offset, uint64_t length) {
@@ -129,6 +133,12 @@ class Link {
     moved += sender_->Progress_st();
     return moved > 0;
   }
+  // The sender's queue pair is ready to receive now, and the receiver is told so.
+  void PeerReadyAndSettle() {
+    sender_qp_->SetReadyToReceive(true);
+    receiver_->PeerReady_st();
+    Settle();
+  }
   void Settle(int steps_per_round = 1 << 30) {
     for (int i = 0; i < 100000 && Round(steps_per_round); ++i) {
     }
@@ -159,6 +169,46 @@ ChannelLimits SmallLimits() {
   l.send_queue_depth = 8;
   l.signal_every = 4;
   return l;
+}
+
+// The hazard of connection set-up: the receiver's queue pair is ready before the sender's (the
+// sender moves its own only once the receiver's answer reaches it). A credit word written before
+// then is dropped and, once RC's retries run out, fails the connection.
+TEST(VerbsChannelTest, ACreditWordWrittenBeforeTheSenderIsReadyFailsTheConnection) {
+  Link link(SmallLimits(), 4096, /*start=*/false);
+  link.sender_qp_->SetReadyToReceive(false);
+  ASSERT_TRUE(link.receiver_->Start_st().ok());
+  link.Settle();
+  EXPECT_EQ(link.receiver_log_.downs, 1);
+  EXPECT_EQ(link.counters_.retry_exceeded_errors.Get(), 1u);
+  EXPECT_EQ(link.sender_->credits(), 0u);
+}
+
+// What the transport does instead: the receiver posts its receives but holds every write until
+// it is told the sender's queue pair is ready; then the credits go out and segments flow.
+TEST(VerbsChannelTest, HeldWritesWaitUntilTheSenderIsReady) {
+  Link link(SmallLimits(), 4096, /*start=*/false);
+  link.sender_qp_->SetReadyToReceive(false);
+  ASSERT_TRUE(link.receiver_->Start_st(/*hold_writes=*/true).ok());
+  EXPECT_EQ(link.receiver_qp_->posted_receives(), 4u);
+  ASSERT_TRUE(link.Post(1, 0, 100).ok());     // eager
+  ASSERT_TRUE(link.Post(2, 100, 3000).ok());  // rendezvous
+  for (int i = 0; i < 10; ++i) link.Round();
+  EXPECT_EQ(link.receiver_qp_->send_requests(), 0u);  // nothing written to the sender
+  EXPECT_EQ(link.sender_->credits(), 0u);
+  EXPECT_EQ(link.sender_->pending(), 2u);
+  EXPECT_EQ(link.receiver_log_.downs, 0);
+  EXPECT_EQ(link.sender_log_.downs, 0);
+  link.PeerReadyAndSettle();
+  EXPECT_EQ(link.sender_log_.acked, (std::vector<uint64_t>{1, 2}));
+  EXPECT_TRUE(link.SameBytes(0, 3100));
+  EXPECT_EQ(link.receiver_log_.downs, 0);
+  EXPECT_EQ(link.sender_log_.downs, 0);
+  EXPECT_EQ(link.nic_.rnr_errors(), 0u);
+  EXPECT_EQ(link.counters_.retry_exceeded_errors.Get(), 0u);
+  // Once released, PeerReady_st again changes nothing.
+  link.receiver_->PeerReady_st();
+  EXPECT_EQ(link.receiver_log_.downs, 0);
 }
 
 TEST(VerbsChannelTest, LimitsAreValidated) {
