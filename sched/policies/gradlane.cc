@@ -29,7 +29,7 @@ TimeNs GradlaneMessageNs(TimeNs comm_per_iteration_ns, TimeNs per_message_ns, ui
 
 uint64_t GradlaneMessageBytes(double bytes_per_s, TimeNs message_ns) {
   const uint64_t b = BytesIn(bytes_per_s, message_ns);
-  return std::max(b - b % kGradlaneSliceAlignBytes, kGradlaneSliceAlignBytes);
+  return std::max(b - b % kGradlaneSliceAlignBytes, kGradlaneMinMessageBytes);
 }
 
 uint64_t GradlaneChargeBytes(uint64_t bytes, double bytes_per_s, TimeNs per_message_ns) {

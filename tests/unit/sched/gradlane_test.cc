@@ -62,7 +62,15 @@ TEST(GradlaneRulesTest, MessageBytesFromRateAndTime) {
   EXPECT_EQ(GradlaneMessageBytes(1.25e9, kMillisecond), 1'250'000u);  // 10 Gbit/s, 1 ms
   EXPECT_EQ(GradlaneMessageBytes(125e6, kMillisecond), 125'000u);     // 1 Gbit/s, 1 ms
   EXPECT_EQ(GradlaneMessageBytes(1.25e9, kMillisecond) % kGradlaneSliceAlignBytes, 0u);
-  EXPECT_EQ(GradlaneMessageBytes(1.0, 1), kGradlaneSliceAlignBytes);
+  EXPECT_EQ(GradlaneMessageBytes(1.0, 1), kGradlaneMinMessageBytes);
+  // A starved first estimate (10 kB/s for a 5 MB iteration: N = 500 s) would ask for ~160 B
+  // messages, whose per-message cost keeps the estimate starved: the floor holds a page.
+  const TimeNs starved_n = 500 * kSecond;
+  EXPECT_LT(1e4 * static_cast<double>(GradlaneMessageNs(starved_n, 3 * kMicrosecond, 2)) / 1e9,
+            static_cast<double>(kGradlaneMinMessageBytes) / 8);
+  EXPECT_EQ(GradlaneMessageBytes(1e4, GradlaneMessageNs(starved_n, 3 * kMicrosecond, 2)),
+            kGradlaneMinMessageBytes);
+  static_assert(kGradlaneMinMessageBytes % kGradlaneSliceAlignBytes == 0);
   // The message size grows with the rate (same time on the wire): the whole rule is in time.
   EXPECT_GT(GradlaneMessageBytes(1.25e9, GradlaneMessageNs(45 * kMillisecond, kTheta, 2)),
             GradlaneMessageBytes(375e6, GradlaneMessageNs(45 * kMillisecond, kTheta, 2)));
