@@ -185,13 +185,20 @@ class IbvLink {
   std::unique_ptr<VerbsReceiver> receiver_;
 };
 
-TEST(VerbsIbvTest, EagerAndRendezvousOverTheDeviceAreBitExactAndInOrder) {
+// Limits of a test link: `slots` receive slots of `payload` bytes each, four times as many reply
+// entries and send queue entries, every slots-th request signaled.
+ChannelLimits LinkLimits(uint32_t slots, uint32_t payload) {
   ChannelLimits limits;
-  limits.recv_slots = 8;
-  limits.slot_bytes = kFrameHeaderBytes + 1024;
-  limits.reply_entries = 32;
-  limits.send_queue_depth = 32;
-  limits.signal_every = 8;
+  limits.recv_slots = slots;
+  limits.slot_bytes = kFrameHeaderBytes + payload;
+  limits.reply_entries = 4 * slots;
+  limits.send_queue_depth = 4 * slots;
+  limits.signal_every = slots;
+  return limits;
+}
+
+TEST(VerbsIbvTest, EagerAndRendezvousOverTheDeviceAreBitExactAndInOrder) {
+  const ChannelLimits limits = LinkLimits(8, 1024);
   IbvLink link(limits);
   std::mt19937 rng(3);
   uint64_t offset = 0;
@@ -222,12 +229,7 @@ TEST(VerbsIbvTest, EagerAndRendezvousOverTheDeviceAreBitExactAndInOrder) {
 }
 
 TEST(VerbsIbvTest, ARefusedRendezvousFailsOnlyItsSend) {
-  ChannelLimits limits;
-  limits.recv_slots = 4;
-  limits.slot_bytes = kFrameHeaderBytes + 256;
-  limits.reply_entries = 16;
-  limits.send_queue_depth = 16;
-  limits.signal_every = 4;
+  const ChannelLimits limits = LinkLimits(4, 256);
   IbvLink link(limits);
   link.placed_.refuse_key = 1;
   ASSERT_TRUE(link.Post(0, 0, 100).ok());
@@ -241,12 +243,7 @@ TEST(VerbsIbvTest, ARefusedRendezvousFailsOnlyItsSend) {
 }
 
 TEST(VerbsIbvTest, RegistrationsAreCountedUntilDeregisteredAndRefusalsToo) {
-  ChannelLimits limits;
-  limits.recv_slots = 4;
-  limits.slot_bytes = kFrameHeaderBytes + 256;
-  limits.reply_entries = 16;
-  limits.send_queue_depth = 16;
-  limits.signal_every = 4;
+  const ChannelLimits limits = LinkLimits(4, 256);
   IbvLink link(limits);
   auto now = [&] {
     VerbsStats v;
