@@ -43,6 +43,7 @@ GRADLANE_CHECK_CUDA_TYPE(EventDestroy, cuEventDestroy)
 GRADLANE_CHECK_CUDA_TYPE(EventRecord, cuEventRecord)
 GRADLANE_CHECK_CUDA_TYPE(EventQuery, cuEventQuery)
 GRADLANE_CHECK_CUDA_TYPE(EventSynchronize, cuEventSynchronize)
+GRADLANE_CHECK_CUDA_TYPE(StreamWaitEvent, cuStreamWaitEvent)
 GRADLANE_CHECK_CUDA_TYPE(MemcpyDtoHAsync, cuMemcpyDtoHAsync_v2)
 GRADLANE_CHECK_CUDA_TYPE(MemcpyHtoDAsync, cuMemcpyHtoDAsync_v2)
 GRADLANE_CHECK_CUDA_TYPE(MemHostRegister, cuMemHostRegister)
@@ -56,6 +57,7 @@ GRADLANE_CHECK_CUDA_TYPE(MemAlloc, cuMemAlloc)
 GRADLANE_CHECK_CUDA_TYPE(MemFree, cuMemFree)
 GRADLANE_CHECK_CUDA_TYPE(MemcpyHtoD, cuMemcpyHtoD_v2)
 GRADLANE_CHECK_CUDA_TYPE(MemcpyDtoH, cuMemcpyDtoH_v2)
+GRADLANE_CHECK_CUDA_TYPE(CtxSynchronize, cuCtxSynchronize)
 #undef GRADLANE_CHECK_CUDA_TYPE
 #endif
 
@@ -84,6 +86,7 @@ absl::StatusOr<const CudaDriver*> Load(const std::string& path) {
   Bind(lib, "cuEventRecord", &d->EventRecord, &missing);
   Bind(lib, "cuEventQuery", &d->EventQuery, &missing);
   Bind(lib, "cuEventSynchronize", &d->EventSynchronize, &missing);
+  Bind(lib, "cuStreamWaitEvent", &d->StreamWaitEvent, &missing);
   Bind(lib, "cuMemcpyDtoHAsync_v2", &d->MemcpyDtoHAsync, &missing);
   Bind(lib, "cuMemcpyHtoDAsync_v2", &d->MemcpyHtoDAsync, &missing);
   Bind(lib, "cuMemHostRegister_v2", &d->MemHostRegister, &missing);
@@ -97,6 +100,7 @@ absl::StatusOr<const CudaDriver*> Load(const std::string& path) {
   Bind(lib, "cuMemFree_v2", &d->MemFree, &missing);
   Bind(lib, "cuMemcpyHtoD_v2", &d->MemcpyHtoD, &missing);
   Bind(lib, "cuMemcpyDtoH_v2", &d->MemcpyDtoH, &missing);
+  Bind(lib, "cuCtxSynchronize", &d->CtxSynchronize, &missing);
   if (!missing.empty()) {
     ::dlclose(lib);
     return absl::FailedPreconditionError(

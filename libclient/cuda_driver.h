@@ -20,6 +20,7 @@
 #define GRADLANE_LIBCLIENT_CUDA_DRIVER_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -47,6 +48,8 @@ inline constexpr PointerAttribute kPointerMemoryType = CU_POINTER_ATTRIBUTE_MEMO
 inline constexpr PointerAttribute kPointerRangeStart = CU_POINTER_ATTRIBUTE_RANGE_START_ADDR;
 inline constexpr PointerAttribute kPointerRangeSize = CU_POINTER_ATTRIBUTE_RANGE_SIZE;
 inline constexpr unsigned kMemoryTypeDevice = CU_MEMORYTYPE_DEVICE;
+inline const Stream kStreamLegacy = CU_STREAM_LEGACY;
+inline constexpr unsigned kStreamDefault = CU_STREAM_DEFAULT;
 inline constexpr unsigned kStreamNonBlocking = CU_STREAM_NON_BLOCKING;
 inline constexpr unsigned kEventDisableTiming = CU_EVENT_DISABLE_TIMING;
 inline constexpr unsigned kMemHostRegisterPortable = CU_MEMHOSTREGISTER_PORTABLE;
@@ -66,6 +69,8 @@ inline constexpr PointerAttribute kPointerMemoryType = 2;
 inline constexpr PointerAttribute kPointerRangeStart = 11;
 inline constexpr PointerAttribute kPointerRangeSize = 12;
 inline constexpr unsigned kMemoryTypeDevice = 2;
+inline const Stream kStreamLegacy = reinterpret_cast<Stream>(uintptr_t{1});
+inline constexpr unsigned kStreamDefault = 0;
 inline constexpr unsigned kStreamNonBlocking = 1;
 inline constexpr unsigned kEventDisableTiming = 2;
 inline constexpr unsigned kMemHostRegisterPortable = 1;
@@ -90,6 +95,7 @@ struct CudaDriver {
   cu::Result (*EventRecord)(cu::Event, cu::Stream);
   cu::Result (*EventQuery)(cu::Event);
   cu::Result (*EventSynchronize)(cu::Event);
+  cu::Result (*StreamWaitEvent)(cu::Stream, cu::Event, unsigned flags);
   cu::Result (*MemcpyDtoHAsync)(void* dst, cu::DevicePtr src, size_t bytes, cu::Stream);
   cu::Result (*MemcpyHtoDAsync)(cu::DevicePtr dst, const void* src, size_t bytes, cu::Stream);
   cu::Result (*MemHostRegister)(void* p, size_t bytes, unsigned flags);
@@ -104,6 +110,7 @@ struct CudaDriver {
   cu::Result (*MemFree)(cu::DevicePtr);
   cu::Result (*MemcpyHtoD)(cu::DevicePtr dst, const void* src, size_t bytes);
   cu::Result (*MemcpyDtoH)(void* dst, cu::DevicePtr src, size_t bytes);
+  cu::Result (*CtxSynchronize)();
 
   // "CUDA error 700 (an illegal memory access was encountered)".
   std::string Describe(cu::Result r) const;

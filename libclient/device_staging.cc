@@ -66,7 +66,13 @@ absl::StatusOr<std::unique_ptr<DeviceStaging>> DeviceStaging::Create(const CudaD
   std::unique_ptr<DeviceStaging> s(new DeviceStaging(cuda, context));
   ContextScope scope(cuda, context);
   cu::Result r;
-  if ((r = cuda.StreamCreate(&s->to_arena_, cu::kStreamNonBlocking)) != cu::kSuccess ||
+  // The copy to the arena must see what the caller's default stream computed or copied, so its
+  // stream is a blocking one (on an H100 a copy on a non-blocking stream read the last bytes
+  // of a just-returned cuMemcpyHtoD stale); the copy back must not queue behind the caller's
+  // next compute, so that stream is not.
+  if ((r = cuda.StreamCreate(&s->to_arena_, cu::kStreamDefault)) != cu::kSuccess ||
+      (r = cuda.StreamCreate(&s->to_arena_after_event_, cu::kStreamNonBlocking)) !=
+          cu::kSuccess ||
       (r = cuda.StreamCreate(&s->to_device_, cu::kStreamNonBlocking)) != cu::kSuccess) {
     return absl::InternalError(absl::StrCat("cuStreamCreate: ", cuda.Describe(r)));
   }
@@ -86,7 +92,7 @@ absl::StatusOr<std::unique_ptr<DeviceStaging>> DeviceStaging::Create(const CudaD
 
 DeviceStaging::~DeviceStaging() {
   ContextScope scope(cuda_, context_);
-  for (cu::Stream st : {to_arena_, to_device_}) {
+  for (cu::Stream st : {to_arena_, to_arena_after_event_, to_device_}) {
     if (st == nullptr) continue;
     cuda_.StreamSynchronize(st);
     cuda_.StreamDestroy(st);
@@ -102,12 +108,31 @@ void DeviceStaging::Add(uint32_t id, cu::DevicePtr device, std::byte* staging, u
   tensors_[id] = Tensor{device, staging, bytes};
 }
 
-absl::Status DeviceStaging::StageIn(uint32_t id, uint64_t offset, uint64_t length) {
+absl::Status DeviceStaging::StageIn(uint32_t id, uint64_t offset, uint64_t length,
+                                    cu::Event after) {
   const Tensor& t = tensors_[id];
-  if (length == 0 || offset > t.bytes || length > t.bytes - offset) return absl::OkStatus();
   ContextScope scope(cuda_, context_);
-  cu::Result r = cuda_.MemcpyDtoHAsync(t.staging + offset, t.device + offset, length, to_arena_);
-  if (r == cu::kSuccess) r = cuda_.StreamSynchronize(to_arena_);
+  cu::Result r = cu::kSuccess;
+  cu::Stream stream = to_arena_;
+  if (after != nullptr) {
+    stream = to_arena_after_event_;
+    if ((r = cuda_.StreamWaitEvent(stream, after, 0)) != cu::kSuccess) {
+      return absl::InternalError(
+          absl::StrCat("waiting for the CUDA event of tensor ", id, ": ", cuda_.Describe(r)));
+    }
+  } else if ((r = cuda_.StreamSynchronize(cu::kStreamLegacy)) != cu::kSuccess) {
+    // Waiting on the host as well as through the blocking stream: CUDA documents that a
+    // cuMemcpyHtoD from pageable memory may return before its last bytes land, and says
+    // nothing of how a blocking stream orders after them; a legacy-stream synchronize covers
+    // them explicitly. It costs one driver call, and gl_post waits for its copy anyway.
+    return absl::InternalError(absl::StrCat("waiting for the legacy default stream (tensor ", id,
+                                            "): ", cuda_.Describe(r)));
+  }
+  // A range the daemon will refuse is not copied (its completion says why); the event is
+  // still waited for, so the call's timing does not depend on the range.
+  const bool in_range = length != 0 && offset <= t.bytes && length <= t.bytes - offset;
+  if (in_range) r = cuda_.MemcpyDtoHAsync(t.staging + offset, t.device + offset, length, stream);
+  if (r == cu::kSuccess) r = cuda_.StreamSynchronize(stream);
   if (r != cu::kSuccess) {
     return absl::InternalError(absl::StrCat("copying ", length, " bytes of tensor ", id,
                                             " from the GPU: ", cuda_.Describe(r)));

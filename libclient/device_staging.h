@@ -10,10 +10,17 @@
 //
 // Why these rules: a post must not return before its bytes are in the arena (the daemon may
 // send them at once), and a completion must not be seen before its bytes are on the device
-// (the caller reuses the tensor then). Both copies run on this client's own non-blocking
-// streams, so the caller's compute streams never wait for them. The arena is pinned
-// (cuMemHostRegister) so that the copies are DMA transfers; where pinning is refused they still
-// work, through the driver's bounce buffers.
+// (the caller reuses the tensor then). Each direction has a stream of this client's own. The
+// copy to the arena waits for the work already issued to the legacy default stream (kernels on
+// stream 0, PyTorch's default stream, cudaMemcpy — whose copy from pageable memory may still be
+// landing when it returns): it synchronizes that stream and runs on a blocking stream, so a
+// gradient computed there needs no synchronize before gl_post. Work on the caller's other
+// streams must be finished first, or named by an event (gl_post_after: that copy runs on a
+// non-blocking stream that waits for the event alone, so a post from a thread of its own is
+// not held up by what the training thread has queued on the legacy stream since). The copy
+// back runs on a non-blocking stream, so a result never waits for compute the caller has
+// queued since. The arena is pinned (cuMemHostRegister) so that the copies are DMA transfers;
+// where pinning is refused they still work, through the driver's bounce buffers.
 //
 // Where the NIC can read GPU memory (dma-buf + RDMA verbs) staging is the fallback that path
 // keeps; docs/gpu.md says what is built.
@@ -77,7 +84,9 @@ class DeviceStaging {
   // Poster: copies bytes [offset, offset + length) of device tensor `id` into its staging
   // buffer and waits for the copy. A range outside the tensor is left alone (the daemon refuses
   // the descriptor with GL_E_BAD_RANGE). Internal error: the driver's words.
-  absl::Status StageIn(uint32_t id, uint64_t offset, uint64_t length);
+  // `after` non-null (gl_post_after): the copy waits for that event instead of the legacy
+  // default stream.
+  absl::Status StageIn(uint32_t id, uint64_t offset, uint64_t length, cu::Event after = nullptr);
 
   // Poller. Full(): no room for another completion (stop taking from the ring).
   bool Full() const { return count_ == slots_.size(); }
@@ -115,7 +124,8 @@ class DeviceStaging {
   cu::Context context_;
   void* arena_ = nullptr;
   bool pinned_ = false;
-  cu::Stream to_arena_ = nullptr;   // the poster's
+  cu::Stream to_arena_ = nullptr;   // the poster's (blocking: after the legacy stream)
+  cu::Stream to_arena_after_event_ = nullptr;  // the poster's, for gl_post_after (non-blocking)
   cu::Stream to_device_ = nullptr;  // the poller's
   std::vector<Tensor> tensors_;     // by tensor id; bytes 0 = a host tensor
   std::vector<Slot> slots_;         // FIFO of completions held for their copies

@@ -450,6 +450,11 @@ int gl_register_device_tensor(gl_client* c, const char* name, void* device_ptr, 
 
 int gl_post(gl_client* c, uint32_t tensor_id, int64_t iteration, uint64_t offset, uint64_t length,
             uint64_t user_data) {
+  return gl_post_after(c, tensor_id, iteration, offset, length, user_data, nullptr);
+}
+
+int gl_post_after(gl_client* c, uint32_t tensor_id, int64_t iteration, uint64_t offset,
+                  uint64_t length, uint64_t user_data, void* cuda_event) {
   if (c == nullptr) return GL_E_INVALID_ARGUMENT;
   gl_sqe e{};
   e.user_data = user_data;
@@ -463,12 +468,20 @@ int gl_post(gl_client* c, uint32_t tensor_id, int64_t iteration, uint64_t offset
   e.length = length;
   e.tensor_id = tensor_id;
   e.opcode = GL_OP_POST;
+  const auto after = static_cast<gradlane::client::cu::Event>(cuda_event);
   if (c->staging != nullptr && c->staging->IsDevice(tensor_id)) {
     // Copy only what can be queued: a full ring would make the caller retry, and copy again.
     uint32_t free_slots = 0;
     if (c->sq.FreeSlots(&free_slots) == RingResult::kOk && free_slots == 0) return GL_E_AGAIN;
-    if (absl::Status st = c->staging->StageIn(tensor_id, offset, length); !st.ok()) {
+    if (absl::Status st = c->staging->StageIn(tensor_id, offset, length, after); !st.ok()) {
       return Fail(c, GL_E_DEVICE, std::string(st.message()));
+    }
+  } else if (after != nullptr) {
+    // A host tensor filled by the GPU (a device-to-host copy the event follows).
+    auto cuda = gradlane::client::LoadCudaDriver();
+    if (!cuda.ok()) return Fail(c, GL_E_DEVICE, std::string(cuda.status().message()));
+    if (const auto r = (*cuda)->EventSynchronize(after); r != gradlane::client::cu::kSuccess) {
+      return Fail(c, GL_E_DEVICE, "waiting for the CUDA event: " + (*cuda)->Describe(r));
     }
   }
   return gl_testing_post_raw(c, &e);

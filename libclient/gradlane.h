@@ -92,10 +92,10 @@ int gl_register_tensor(gl_client* c, const char* name, uint64_t bytes, int dtype
  * `device_ptr` (cuMemAlloc, cudaMalloc, a CUDA tensor's data pointer), which must stay
  * allocated until gl_close. It is then posted and completed like any tensor, and the reduced
  * result lands in that device memory:
- * - gl_post copies the posted range to the daemon's shared memory (on a CUDA stream of
- *   libgradlane's own, so it waits for nothing the caller queued) before it returns: the
- *   gradient must be complete in device memory when gl_post is called (synchronize the stream
- *   that computed it first).
+ * - gl_post copies the posted range to the daemon's shared memory before it returns. The copy
+ *   is ordered after the work already issued to the legacy default stream (stream 0, PyTorch's
+ *   default stream, cudaMemcpy): a gradient computed there needs no synchronize. One computed
+ *   on another stream must be finished first, or posted with gl_post_after.
  * - A completion of the tensor is handed out by gl_poll/gl_wait only once the result has been
  *   copied back into device memory. Completions keep the order the daemon gave them.
  * - Until then the range belongs to libgradlane, as for host tensors: neither read nor write it.
@@ -113,6 +113,18 @@ int gl_register_device_tensor(gl_client* c, const char* name, void* device_ptr, 
  * back as a completion with an error status. */
 int gl_post(gl_client* c, uint32_t tensor_id, int64_t iteration, uint64_t offset, uint64_t length,
             uint64_t user_data);
+
+/* gl_post for a range computed on any CUDA stream: `cuda_event` (a CUevent, or a cudaEvent_t,
+ * the same handle) was recorded on that stream after the range was written. The copy of a
+ * device tensor waits for that event only — not for the legacy default stream, so work queued
+ * there since (the rest of a backward pass) does not delay the post; a host tensor's post waits
+ * on the host for the event (a device-to-host copy into the buffer, say). Returns once the
+ * bytes are in shared memory, like gl_post; blocks the calling thread until the event has
+ * passed, so a training loop posts from a thread of its own. `cuda_event` NULL: gl_post.
+ * GL_E_DEVICE if waiting for the event or the copy fails (nothing is queued). Since
+ * GRADLANE_1.3. */
+int gl_post_after(gl_client* c, uint32_t tensor_id, int64_t iteration, uint64_t offset,
+                  uint64_t length, uint64_t user_data, void* cuda_event);
 
 /* Copies up to `max` completions into `out` without blocking; `*count` says how many. */
 int gl_poll(gl_client* c, gl_completion* out, uint32_t max, uint32_t* count);

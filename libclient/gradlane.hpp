@@ -94,6 +94,11 @@ class Client {
            uint64_t length = GL_WHOLE_TENSOR, uint64_t user_data = 0) {
     return gl_post(c_, tensor_id, iteration, offset, length, user_data);
   }
+  // gl_post_after: the range was computed on a CUDA stream that recorded `cuda_event` after it.
+  int PostAfter(void* cuda_event, uint32_t tensor_id, int64_t iteration, uint64_t offset = 0,
+                uint64_t length = GL_WHOLE_TENSOR, uint64_t user_data = 0) {
+    return gl_post_after(c_, tensor_id, iteration, offset, length, user_data, cuda_event);
+  }
   int Poll(std::span<gl_completion> out, uint32_t* count) {
     return gl_poll(c_, out.data(), static_cast<uint32_t>(out.size()), count);
   }

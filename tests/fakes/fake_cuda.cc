@@ -10,6 +10,15 @@
 //   synchronized or an event recorded after it is waited for — and the first cuEventQuery of an
 //   event says "not ready". Code that reads a copy's destination before waiting for it sees
 //   stale bytes and fails its bit-exact check.
+// - cuMemcpyHtoD from pageable memory returns once it has read the source, before the device
+//   bytes land (CUDA documents that the last of them may still be in flight; on an H100 a copy
+//   on a non-blocking stream read the last 2 bytes of a 4 MiB + 2 copy stale). Stricter than
+//   the driver we measured, a blocking stream's ordering does not cover them here. They land
+//   at cuStreamSynchronize of the legacy stream (0 or CU_STREAM_LEGACY), cuCtxSynchronize,
+//   cuMemcpyDtoH or cuMemFree. Work queued on the legacy stream itself (event records) is
+//   waited for by blocking streams. A non-blocking stream waits for neither: its copy runs
+//   first and they land just after it, so code that copies a just-written tensor on one reads
+//   stale bytes, and its copy back is overwritten.
 // - Faults on request, read by cuInit: GRADLANE_FAKE_CUDA_FAIL_COPY=N makes the Nth asynchronous
 //   copy after it (1-based, both directions) fail with CUDA error 700;
 //   GRADLANE_FAKE_CUDA_NO_DEVICE=1 makes cuInit say there is no device.
@@ -21,6 +30,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -44,6 +54,7 @@ constexpr int kAttrMemoryType = 2;
 constexpr int kAttrRangeStart = 11;
 constexpr int kAttrRangeSize = 12;
 constexpr unsigned kMemoryTypeDevice = 2;
+constexpr unsigned kStreamNonBlocking = 1;
 
 // 16 GiB of address space, reserved without access or backing.
 constexpr uint64_t kDeviceSpace = uint64_t{16} << 30;
@@ -55,9 +66,11 @@ struct Op {
   const std::byte* src = nullptr;
   size_t bytes = 0;
   Event* marks = nullptr;  // an event's record point instead of a copy
+  std::vector<std::byte> source;  // the source as read at the call (legacy-stream copies)
 };
 struct Stream {
   std::deque<Op> ops;
+  bool blocking = true;  // ordered after the legacy default stream
 };
 struct Event {
   Stream* stream = nullptr;  // where it waits to be reached; null once reached
@@ -81,6 +94,9 @@ struct State {
   uint64_t copies_to_host = 0, copies_to_device = 0, bytes_to_host = 0, bytes_to_device = 0;
   uint64_t async_copies = 0, fail_copy_at = 0;
   uint64_t host_registered = 0;
+  Stream legacy;                  // the legacy default stream (stream 0)
+  Stream pageable;                // cuMemcpyHtoD copies not landed yet
+  std::vector<Stream*> streams;  // every live stream, for cuCtxSynchronize
 };
 State& S() {
   static State* s = new State();  // never destroyed: the library may be used during exit
@@ -97,22 +113,53 @@ std::byte* Translate(State& s, DevicePtr p, uint64_t n) {
   return it->second.data.data() + off;
 }
 
+void RunUntil(Stream* st, const Event* until);
+
+// What a copy on `st` did not wait for lands just after it (the race lost by the code that
+// did not wait): pageable cuMemcpyHtoD copies, and for a non-blocking stream the legacy
+// stream's work.
+void LandWhatItDidNotWaitFor(const Stream* st);
+
 void RunUntil(Stream* st, const Event* until) {
   while (!st->ops.empty()) {
-    Op op = st->ops.front();
+    Op op = std::move(st->ops.front());
     st->ops.pop_front();
     if (op.marks != nullptr) {
       op.marks->stream = nullptr;
       if (op.marks == until) return;
     } else {
-      std::memcpy(op.dst, op.src, op.bytes);
+      if (op.bytes > 0) std::memcpy(op.dst, op.source.empty() ? op.src : op.source.data(), op.bytes);
+      LandWhatItDidNotWaitFor(st);
     }
   }
+}
+
+void LandWhatItDidNotWaitFor(const Stream* st) {
+  if (st == &S().legacy || st == &S().pageable) return;
+  RunUntil(&S().pageable, nullptr);
+  if (!st->blocking) RunUntil(&S().legacy, nullptr);
+}
+
+// Stream 0 and CU_STREAM_LEGACY name the legacy default stream.
+Stream* Resolve(Stream* st) {
+  return st == nullptr || reinterpret_cast<uintptr_t>(st) == 1 ? &S().legacy : st;
+}
+
+// What must happen before new work on `st` (or on the legacy stream itself: st == null) starts.
+void OrderAfterLegacy(State& s, const Stream* st) {
+  if (st == nullptr || st->blocking) RunUntil(&s.legacy, nullptr);
+}
+
+void SynchronizeAll(State& s) {
+  RunUntil(&s.pageable, nullptr);
+  RunUntil(&s.legacy, nullptr);
+  for (Stream* st : s.streams) RunUntil(st, nullptr);
 }
 
 Result Enqueue(State& s, Stream* st, std::byte* dst, const std::byte* src, size_t n) {
   if (st == nullptr) return kInvalidHandle;
   if (++s.async_copies == s.fail_copy_at) return kIllegalAddress;
+  OrderAfterLegacy(s, st);
   st->ops.push_back(Op{dst, src, n, nullptr});
   return kSuccess;
 }
@@ -216,6 +263,7 @@ Result cuMemAlloc_v2(DevicePtr* out, size_t bytes) {
 Result cuMemFree_v2(DevicePtr p) {
   State& s = S();
   std::lock_guard<std::mutex> l(s.mu);
+  SynchronizeAll(s);  // as the driver's cuMemFree does; no queued copy may outlive its memory
   return s.allocs.erase(p) == 1 ? kSuccess : kInvalidValue;
 }
 
@@ -259,14 +307,23 @@ Result cuMemHostUnregister(void* p) {
   return kSuccess;
 }
 
-Result cuStreamCreate(Stream** st, unsigned) {
-  if (st == nullptr) return kInvalidValue;
+Result cuStreamCreate(Stream** st, unsigned flags) {
+  if (st == nullptr || (flags & ~kStreamNonBlocking) != 0) return kInvalidValue;
+  std::lock_guard<std::mutex> l(S().mu);
   *st = new Stream();
+  (*st)->blocking = (flags & kStreamNonBlocking) == 0;
+  S().streams.push_back(*st);
+  return kSuccess;
+}
+Result cuCtxSynchronize() {
+  std::lock_guard<std::mutex> l(S().mu);
+  SynchronizeAll(S());
   return kSuccess;
 }
 Result cuStreamSynchronize(Stream* st) {
-  if (st == nullptr) return kInvalidHandle;
   std::lock_guard<std::mutex> l(S().mu);
+  st = Resolve(st);
+  if (st == &S().legacy) RunUntil(&S().pageable, nullptr);
   RunUntil(st, nullptr);
   return kSuccess;
 }
@@ -274,6 +331,8 @@ Result cuStreamDestroy_v2(Stream* st) {
   if (st == nullptr) return kInvalidHandle;
   std::lock_guard<std::mutex> l(S().mu);
   RunUntil(st, nullptr);  // the driver finishes queued work after a destroy
+  auto& all = S().streams;
+  all.erase(std::remove(all.begin(), all.end(), st), all.end());
   delete st;
   return kSuccess;
 }
@@ -291,12 +350,23 @@ Result cuEventDestroy_v2(Event* ev) {
   return kSuccess;
 }
 Result cuEventRecord(Event* ev, Stream* st) {
-  if (ev == nullptr || st == nullptr) return kInvalidHandle;
+  if (ev == nullptr) return kInvalidHandle;
   std::lock_guard<std::mutex> l(S().mu);
+  st = Resolve(st);
   if (ev->stream != nullptr) RunUntil(ev->stream, ev);  // re-recorded: the old point passes
+  if (st != &S().legacy) OrderAfterLegacy(S(), st);
   ev->stream = st;
   ev->queried = false;
   st->ops.push_back(Op{nullptr, nullptr, 0, ev});
+  return kSuccess;
+}
+// Work queued on `st` after this waits for `ev`: the fake runs the event's stream up to it now
+// (earlier than the driver might, never later), and nothing else.
+Result cuStreamWaitEvent(Stream* st, Event* ev, unsigned flags) {
+  if (st == nullptr || ev == nullptr) return kInvalidHandle;
+  if (flags != 0) return kInvalidValue;
+  std::lock_guard<std::mutex> l(S().mu);
+  if (ev->stream != nullptr) RunUntil(ev->stream, ev);
   return kSuccess;
 }
 Result cuEventQuery(Event* ev) {
@@ -340,12 +410,20 @@ Result cuMemcpyHtoD_v2(DevicePtr dst, const void* src, size_t n) {
   std::lock_guard<std::mutex> l(s.mu);
   std::byte* to = Translate(s, dst, n);
   if (to == nullptr || src == nullptr) return kInvalidValue;
-  std::memcpy(to, src, n);
+  // Pageable source: read now, landed later.
+  const auto* from = static_cast<const std::byte*>(src);
+  Op op{to, nullptr, n, nullptr, std::vector<std::byte>(from, from + n)};
+  s.pageable.ops.push_back(std::move(op));
   return kSuccess;
 }
 Result cuMemcpyDtoH_v2(void* dst, DevicePtr src, size_t n) {
   State& s = S();
   std::lock_guard<std::mutex> l(s.mu);
+  // A synchronous copy on the legacy stream: after its earlier work and every blocking stream's.
+  RunUntil(&s.pageable, nullptr);
+  RunUntil(&s.legacy, nullptr);
+  for (Stream* st : s.streams)
+    if (st->blocking) RunUntil(st, nullptr);
   const std::byte* from = Translate(s, src, n);
   if (from == nullptr || dst == nullptr) return kInvalidValue;
   std::memcpy(dst, from, n);

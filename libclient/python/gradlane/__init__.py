@@ -97,6 +97,8 @@ _lib.gl_register_device_tensor.argtypes = [_P, ctypes.c_char_p, _P, ctypes.c_uin
                                            ctypes.c_int32, ctypes.POINTER(ctypes.c_uint32)]
 _lib.gl_post.argtypes = [_P, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64,
                          ctypes.c_uint64]
+_lib.gl_post_after.argtypes = [_P, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64,
+                               ctypes.c_uint64, ctypes.c_uint64, _P]
 _lib.gl_poll.argtypes = [_P, ctypes.POINTER(_Completion), ctypes.c_uint32,
                          ctypes.POINTER(ctypes.c_uint32)]
 _lib.gl_wait.argtypes = [_P, ctypes.POINTER(_Completion), ctypes.c_uint32,
@@ -106,7 +108,8 @@ _lib.gl_session_id.argtypes = [_P]
 _lib.gl_close.restype = None
 _lib.gl_close.argtypes = [_P]
 for _f in (_lib.gl_connect, _lib.gl_register_job, _lib.gl_register_job_mode,
-           _lib.gl_register_tensor, _lib.gl_register_device_tensor, _lib.gl_post, _lib.gl_poll, _lib.gl_wait):
+           _lib.gl_register_tensor, _lib.gl_register_device_tensor, _lib.gl_post,
+           _lib.gl_post_after, _lib.gl_poll, _lib.gl_wait):
     _f.restype = ctypes.c_int
 
 
@@ -217,9 +220,17 @@ class Client:
                                                    ctypes.byref(tid)))
         return DeviceTensor(tid.value, device_ptr, nbytes)
 
-    def post(self, tensor_id, iteration, offset=0, length=WHOLE_TENSOR, user_data=0):
-        """Posts a ready range. Returns False if the submission ring is full (poll, retry)."""
-        rc = _lib.gl_post(self._c, tensor_id, iteration, offset, length, user_data)
+    def post(self, tensor_id, iteration, offset=0, length=WHOLE_TENSOR, user_data=0,
+             after_event=None):
+        """Posts a ready range. Returns False if the submission ring is full (poll, retry).
+        after_event: a CUDA event handle (an int, e.g. torch.cuda.Event().cuda_event) recorded
+        after the range was computed; the post then waits for it alone (gl_post_after). Blocks
+        until the bytes are in shared memory (the GIL is released meanwhile)."""
+        if after_event:
+            rc = _lib.gl_post_after(self._c, tensor_id, iteration, offset, length, user_data,
+                                    _P(after_event))
+        else:
+            rc = _lib.gl_post(self._c, tensor_id, iteration, offset, length, user_data)
         if rc == AGAIN:
             return False
         self._check(rc)

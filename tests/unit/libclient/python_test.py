@@ -121,6 +121,7 @@ def run_device(sock):
         assert t.device_ptr == dptr.value and t.nbytes == n
         assert c.post(t.id, iteration=0, user_data=7)
         assert cuda.cuMemcpyHtoD_v2(dptr, bytes(n), ctypes.c_size_t(n)) == 0  # wipe it
+        assert cuda.cuCtxSynchronize() == 0  # before the copy back may land, as a real program
         got = []
         while not got:
             got = c.wait(timeout_ms=2000)

@@ -1231,7 +1231,14 @@ class DeviceBuffer {
     if (cuda_ != nullptr && ptr_ != 0) cuda_->MemFree(ptr_);
   }
   void* ptr() const { return reinterpret_cast<void*>(ptr_); }
+  // As a correct program does before another stream reads the bytes, Write waits for them to
+  // land; WriteUnsynchronized leaves them on the legacy default stream (cuMemcpyHtoD from
+  // pageable memory returns before they land).
   void Write(const std::vector<uint8_t>& v, uint64_t at = 0) {
+    WriteUnsynchronized(v, at);
+    ASSERT_EQ(cuda_->CtxSynchronize(), client::cu::kSuccess);
+  }
+  void WriteUnsynchronized(const std::vector<uint8_t>& v, uint64_t at = 0) {
     ASSERT_EQ(cuda_->MemcpyHtoD(ptr_ + at, v.data(), v.size()), client::cu::kSuccess);
   }
   std::vector<uint8_t> Read() const {
@@ -1294,6 +1301,85 @@ TEST(Device, PostedRangesComeBackToDeviceMemoryAfterTheCopy) {
   EXPECT_EQ(after.bytes_to_device - before.bytes_to_device, kBytes + 8192 + 4);
   c.reset();
   EXPECT_EQ(FakeCounts().host_registered, before.host_registered) << "gl_close unpins the arena";
+}
+
+// A gradient written on the legacy default stream (here by cuMemcpyHtoD, whose bytes may still
+// be landing when it returns; a kernel on stream 0 or PyTorch's default stream alike) is what
+// gl_post copies, with no synchronize in between: the copy to the arena is ordered after that
+// stream. (On a non-blocking stream, it read the old bytes: seen on an H100.)
+TEST(Device, PostIsOrderedAfterTheLegacyDefaultStream) {
+  ServerEnv env;
+  ClientPtr c = Connect(env);
+  ASSERT_EQ(RegisterJob(c.get()), GL_OK);
+  constexpr uint64_t kBytes = (256 << 10) + 2;
+  DeviceBuffer dev(kBytes);
+  dev.Write(std::vector<uint8_t>(kBytes, 0));
+  uint32_t id = 0;
+  ASSERT_EQ(gl_register_device_tensor(c.get(), "fc.bias", dev.ptr(), kBytes, GL_DTYPE_BF16, 0, &id),
+            GL_OK)
+      << gl_last_error(c.get());
+  for (uint8_t k = 1; k <= 3; ++k) {
+    const std::vector<uint8_t> grad = Pattern(kBytes, k);
+    dev.WriteUnsynchronized(grad);
+    ASSERT_EQ(gl_post(c.get(), id, k, 0, GL_WHOLE_TENSOR, k), GL_OK) << gl_last_error(c.get());
+    const gl_completion done = WaitOne(c.get());
+    EXPECT_EQ(done.status, GL_OK);
+    EXPECT_EQ(done.user_data, k);
+    EXPECT_EQ(dev.Read(), grad) << "iteration " << int{k} << ": the post copied stale bytes";
+  }
+}
+
+// gl_post_after: a gradient computed on a stream of the caller's own (here a copy still queued
+// on a non-blocking stream, which nothing else waits for) is posted once the event recorded
+// after it has passed; a host tensor filled from the GPU likewise. The event handle may be the
+// runtime's cudaEvent_t: the same pointer.
+TEST(Device, PostAfterWaitsForTheCallersEvent) {
+  ServerEnv env;
+  ClientPtr c = Connect(env);
+  ASSERT_EQ(RegisterJob(c.get()), GL_OK);
+  constexpr uint64_t kBytes = 96 << 10;
+  DeviceBuffer dev(kBytes);
+  dev.Write(std::vector<uint8_t>(kBytes, 0));
+  const CudaDriver* cuda = Cuda();
+  ASSERT_NE(cuda, nullptr);
+  client::cu::Stream compute = nullptr;
+  client::cu::Event ready = nullptr;
+  ASSERT_EQ(cuda->StreamCreate(&compute, client::cu::kStreamNonBlocking), client::cu::kSuccess);
+  ASSERT_EQ(cuda->EventCreate(&ready, client::cu::kEventDisableTiming), client::cu::kSuccess);
+  uint32_t id = 0, host_id = 0;
+  void* host_buf = nullptr;
+  ASSERT_EQ(gl_register_device_tensor(c.get(), "blk.w", dev.ptr(), kBytes, GL_DTYPE_F16, 0, &id),
+            GL_OK)
+      << gl_last_error(c.get());
+  ASSERT_EQ(gl_register_tensor(c.get(), "blk.stats", kBytes, GL_DTYPE_F32, 1, &host_id, &host_buf),
+            GL_OK);
+
+  const std::vector<uint8_t> grad = Pattern(kBytes, 9);
+  ASSERT_EQ(cuda->MemcpyHtoDAsync(reinterpret_cast<DevicePtr>(dev.ptr()), grad.data(), kBytes,
+                                  compute),
+            client::cu::kSuccess);
+  ASSERT_EQ(cuda->EventRecord(ready, compute), client::cu::kSuccess);
+  ASSERT_EQ(gl_post_after(c.get(), id, 0, 0, GL_WHOLE_TENSOR, 1, ready), GL_OK)
+      << gl_last_error(c.get());
+  EXPECT_EQ(WaitOne(c.get()).user_data, 1u);
+  EXPECT_EQ(dev.Read(), grad) << "the post copied the tensor before its event had passed";
+
+  // The host tensor: the GPU copies into it, the event follows the copy.
+  std::memset(host_buf, 0, kBytes);
+  ASSERT_EQ(cuda->MemcpyDtoHAsync(host_buf, reinterpret_cast<DevicePtr>(dev.ptr()), kBytes,
+                                  compute),
+            client::cu::kSuccess);
+  ASSERT_EQ(cuda->EventRecord(ready, compute), client::cu::kSuccess);
+  ASSERT_EQ(gl_post_after(c.get(), host_id, 0, 0, GL_WHOLE_TENSOR, 2, ready), GL_OK);
+  EXPECT_EQ(WaitOne(c.get()).user_data, 2u);
+  EXPECT_EQ(std::memcmp(host_buf, grad.data(), kBytes), 0)
+      << "a host tensor's post did not wait for its event";
+
+  // A null event is gl_post.
+  ASSERT_EQ(gl_post_after(c.get(), id, 1, 0, 64, 3, nullptr), GL_OK);
+  EXPECT_EQ(WaitOne(c.get()).user_data, 3u);
+  EXPECT_EQ(cuda->EventDestroy(ready), client::cu::kSuccess);
+  EXPECT_EQ(cuda->StreamDestroy(compute), client::cu::kSuccess);
 }
 
 TEST(Device, HostAndDeviceCompletionsKeepTheDaemonsOrder) {
