@@ -6,6 +6,7 @@ through DDP over gloo; and the comparison of two runs. Used by torch_exact.sh.
     torch_train.py ddp --rank R --world W --master HOST:PORT --optimizer O --iterations N --out F
     torch_train.py c10d --rank R --world W --master HOST:PORT ...   (DDP over the gradlane backend)
     torch_train.py compare DDP_PREFIX GRADLANE_PREFIX W [rank0|same]
+    (--device cuda: the model and batches on GPU 0, deterministic kernels; gpu_torch.sh)
 
 Both modes compute the same thing: every rank seeds its model differently (the initial
 broadcast must make them equal), takes its own slice of each batch, and the gradients are the
@@ -77,14 +78,18 @@ def make_optimizer(name, model):
 
 def ordered_sum_hook(state, bucket):
     """DDP communication hook: the W buckets summed in rank order, then divided by W — the
-    daemons' arithmetic followed by gradlane.torch's average."""
+    daemons' arithmetic followed by gradlane.torch's average. A GPU bucket is gathered and
+    summed on the CPU (gloo gathers host tensors; the daemons add on the CPU too) and divided
+    on the GPU, where gradlane.torch divides."""
     world = torch.distributed.get_world_size()
     buf = bucket.buffer()
-    parts = [torch.empty_like(buf) for _ in range(world)]
-    torch.distributed.all_gather(parts, buf)
+    host = buf.cpu()
+    parts = [torch.empty_like(host) for _ in range(world)]
+    torch.distributed.all_gather(parts, host)
     acc = parts[0].clone()
     for t in parts[1:]:
         acc += t
+    acc = acc.to(buf.device)
     acc.div_(world)
     fut = torch.futures.Future()
     fut.set_result(acc)
@@ -109,8 +114,15 @@ def premul_ordered_sum_hook(state, bucket):
 
 def train(args):
     torch.set_num_threads(1)  # both modes: the same kernels, so the same floating-point sums
+    dev = torch.device(args.device)
+    if dev.type == "cuda":
+        # The same kernels in both modes, run to run (cuBLAS needs its workspace fixed).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True)
     torch.manual_seed(1000 + args.rank)  # different on purpose: the broadcast must fix it
-    model = Net()
+    model = Net().to(dev)
     opt, sched = make_optimizer(args.optimizer, model)
     world, rank, b = args.world, args.rank, args.batch
     images, labels = load_images(args.iterations * world * b if args.iterations < 10**6 else
@@ -140,7 +152,7 @@ def train(args):
     t0 = time.monotonic()
     for it in range(args.iterations):
         start = (it * per_iter) % (images.shape[0] - per_iter + 1) + rank * b
-        x, y = images[start:start + b], labels[start:start + b]
+        x, y = images[start:start + b].to(dev), labels[start:start + b].to(dev)
         opt.zero_grad()
         loss = F.cross_entropy(net(x), y)
         loss.backward()
@@ -157,7 +169,7 @@ def train(args):
     if trainer is not None:
         trainer.synchronize()
     elapsed = time.monotonic() - t0
-    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     torch.save({"losses": losses, "state": state}, args.out)
     if trainer is not None:
         trainer.close()
@@ -225,6 +237,7 @@ def main():
     ap.add_argument("--token")
     ap.add_argument("--timeout_s", type=float, default=120.0)
     ap.add_argument("--progress_file")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = ap.parse_args()
     try:
         train(args)

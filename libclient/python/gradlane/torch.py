@@ -29,6 +29,13 @@ What it does (docs/training.md has the walk and the figures):
   at every training forward, as DDP does by default (broadcast_buffers=True). Integer buffers
   (num_batches_tracked) stay local: every rank counts the same forwards.
 
+On a GPU (every parameter on one CUDA device): each .grad is device memory of the plugin's own,
+registered with Client.register_device_tensor, so results land back in it (docs/gpu.md). The
+AccumulateGrad hook records a CUDA event on the stream that computed the gradient and hands it
+to a poster thread, which posts once that event has passed (gl_post_after): backward never
+waits for a copy, and a post never waits for the rest of backward. Updates run on the
+completion thread on the default stream, which the next forward uses, so they are in order.
+
 Guarantees and rules:
 - Results are bit-identical to DDP over gloo with a communication hook that sums the ranks'
   gradients in rank order and then divides by W (tests/integration/torch_exact.sh).
@@ -152,10 +159,18 @@ def _check_dtype(what, t):
     if t.dtype not in _DTYPES:
         raise TrainingError(f"gradlane.torch: {what} has dtype {t.dtype}; the daemon reduces "
                             "float32, float16 and bfloat16 only")
-    if t.device.type != "cpu":
+    if t.device.type not in ("cpu", "cuda"):
         raise TrainingError(f"gradlane.torch: {what} is on {t.device}; this plugin trains on "
-                            "CPU tensors (libgradlane's GPU tensors, docs/gpu.md, are not wired "
-                            "into it yet)")
+                            "CPU or CUDA tensors")
+
+
+def _one_device(what, tensors):
+    """The one device every tensor is on (a process drives one GPU, or the CPU)."""
+    devices = sorted({str(t.device) for t in tensors})
+    if len(devices) > 1:
+        raise TrainingError(f"gradlane.torch: {what} are on {', '.join(devices)}; one process "
+                            "trains on one device (one GPU per rank, or the CPU)")
+    return torch.device(devices[0]) if devices else torch.device("cpu")
 
 
 def _float_buffers(model):
@@ -296,6 +311,14 @@ class Trainer:
         self._buffers = _float_buffers(model)
         for n, b in self._buffers:
             _check_dtype(f"buffer {n}", b)
+        self._device = _one_device("the parameters and buffers",
+                                   [e.param for e in self._params] + [b for _, b in self._buffers])
+        self._cuda = self._device.type == "cuda"
+        # CUDA: gradients go out from the poster thread (one at a time with the training
+        # thread's posts: libgradlane takes one poster at a time).
+        self._post_lock = threading.Lock()
+        self._post_queue = None
+        self._poster = None
         self._buffer_slots = []   # (handle, flat view, [buffers]) per dtype
 
         if broadcast and config.world > 1:
@@ -368,11 +391,19 @@ class Trainer:
         self._by_tid = {}
         for e in sorted(self._params, key=lambda x: x.order):
             p = e.param
-            e.handle = self._client.register_tensor(
-                _tensor_name(e.name), p.numel() * p.element_size(), _DTYPES[p.dtype],
-                priority=1 + e.order)
+            if self._cuda:
+                # Device memory of our own, for the life of the trainer (the daemon's results
+                # land in it); zeroed on the current stream, which every later use follows.
+                e.grad = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+                e.handle = self._client.register_device_tensor(
+                    _tensor_name(e.name), e.grad.data_ptr(), p.numel() * p.element_size(),
+                    _DTYPES[p.dtype], priority=1 + e.order)
+            else:
+                e.handle = self._client.register_tensor(
+                    _tensor_name(e.name), p.numel() * p.element_size(), _DTYPES[p.dtype],
+                    priority=1 + e.order)
+                e.grad = _arena_tensor(e.handle, p.dtype, p.numel()).view_as(p)
             self._by_tid[e.handle.id] = e
-            e.grad = _arena_tensor(e.handle, p.dtype, p.numel()).view_as(p)
             with torch.no_grad():
                 # A gradient left from before distribute() is dropped, as the user's
                 # zero_grad() (a no-op from now on) would have dropped it.
@@ -384,6 +415,12 @@ class Trainer:
         for h, _, _ in self._buffer_slots:
             self._by_tid[h.id] = None
         self._registered = True
+        if self._cuda:
+            import queue
+            self._post_queue = queue.SimpleQueue()
+            self._poster = threading.Thread(target=self._post_gradients, name="gradlane-poster",
+                                            daemon=True)
+            self._poster.start()
         self._thread = threading.Thread(target=self._complete, name="gradlane-completion",
                                         daemon=True)
         self._thread.start()
@@ -463,18 +500,44 @@ class Trainer:
                     "is not supported; call optimizer.step() after each backward()"))
                 self._raise_if_failed()
             e.posted = k
-            self._post(e.handle.id, k)
+            if self._cuda:
+                # This hook runs when the accumulation is queued, not done: the event marks its
+                # end on the stream that computed it, and the poster posts once it has passed.
+                ready = torch.cuda.Event()
+                ready.record(torch.cuda.current_stream(e.grad.device))
+                self._post_queue.put((e.handle.id, k, ready))
+            else:
+                self._post(e.handle.id, k)
         return hook
 
-    def _post(self, tid, k):
+    def _post(self, tid, k, after=None):
         try:
-            while not self._client.post(tid, k):  # ring full: the completion thread drains it
+            while True:
+                with self._post_lock:
+                    if self._client.post(tid, k, after_event=after.cuda_event if after else None):
+                        return
+                # The ring is full: the completion thread drains it (unless closing).
                 self._raise_if_failed()
+                if self._stop:
+                    return
                 time.sleep(1e-4)
         except _gl.Error as e:  # the session ended (the daemon died or closed it)
             self._fail(TrainingError(f"gradlane.torch: rank {self._cfg.rank}: post of "
                                      f"iteration {k}: {e}", e.code))
             self._raise_if_failed()
+
+    def _post_gradients(self):
+        """The poster thread (CUDA): posts each gradient once the event recorded after its
+        accumulation has passed, in the order backward produced them. None stops it."""
+        while True:
+            item = self._post_queue.get()
+            if item is None or self._error is not None:
+                return
+            tid, k, ready = item
+            try:
+                self._post(tid, k, ready)
+            except TrainingError:
+                return  # _post recorded it; the training thread raises it
 
     # ---- step and waits (training thread) ---------------------------------------------------
 
@@ -570,6 +633,9 @@ class Trainer:
             _ACTIVE.remove(self)
         self._stop = True
         try:
+            if self._poster is not None and self._poster is not threading.current_thread():
+                self._post_queue.put(None)
+                self._poster.join()
             if self._thread is not None and self._thread is not threading.current_thread():
                 self._thread.join()  # it waits at most 200 ms at a time
             for h in self._hooks:
@@ -581,17 +647,23 @@ class Trainer:
                 self._opt.step = self._user_step
             self._model.__dict__.pop("zero_grad", None)
             self._opt.__dict__.pop("_step_supports_amp_scaling", None)
+            # Device gradients stay referenced until the client is closed: a copy back still
+            # in flight (an error ended training) must not land in memory reused meanwhile.
+            registered = []
             for e in self._params:
                 if e.grad is not None and e.param.grad is e.grad:
                     e.param.grad = e.grad.clone()
+                registered.append(e.grad)
                 e.grad = None
                 e.node = None
             self._buffer_slots = []
             if self._client is not None:
                 self._client.close()
                 self._client = None
+            del registered
         finally:
             self._thread = None
+            self._poster = None
 
     def __enter__(self):
         return self
