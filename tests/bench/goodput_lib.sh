@@ -2,7 +2,7 @@
 # $bytes bytes reduced by W = 2 daemons (netns.sh hosts 0 and 1, daemons already started) with
 # gradlane-replay on a one-layer, zero-compute profile. Sourced after netns.sh, with $bytes,
 # $policy, $iters and $replay set ($warmup: iterations run first and not counted, default 2;
-# $mode: ps (default) or allreduce).
+# $mode: ps (default) or allreduce; $replay_extra: an array of further gradlane-replay flags).
 #
 # goodput = S / (time of one reduction, client post to client completion). With W = 2 in
 # parameter-server mode each host's link carries, in each direction, 2(W-1)/W x S = S bytes per
@@ -44,7 +44,7 @@ goodput_reduce() {
     gl_bg "$r" "replay-$tag.r$r" "$replay" --profile="$GL_TMP/one-tensor.json" \
       --socket="${GL_SOCK[r]}" --job="goodput-$tag" --rank="$r" --world=2 --peers="$peers" \
       --policy="$policy" --mode="${mode:-ps}" --token=goodput --iterations="$iters" --warmup="${warmup:-2}" --timeout_ms=60000 \
-      --csv="$GL_TMP/$tag.r$r.csv" --quiet
+      --csv="$GL_TMP/$tag.r$r.csv" --quiet ${replay_extra[@]+"${replay_extra[@]}"}
   done
   for r in 0 1; do
     gl_wait "replay-$tag.r$r" 300 || { gl_show "replay-$tag.r$r"; return 1; }

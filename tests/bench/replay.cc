@@ -23,6 +23,9 @@
 // writes iteration,time_ms,stall_ms,warmup,start_ns (start_ns: CLOCK_MONOTONIC at the start of
 // the iteration's forward pass — one clock for every process on the machine, network namespaces
 // included, so a harness can line the ranks up as the simulator does: tests/bench/run-replay).
+// --device=cuda: every gradient lives in GPU 0's memory (cuMemAlloc) and is registered with
+// gl_register_device_tensor, so each post and result also crosses PCIe through libgradlane's
+// staging (docs/gpu.md); tests/bench/device_goodput.sh compares it with host tensors.
 // Exit 0 on success, 1 on any error completion, timeout or daemon failure (message on stderr),
 // 2 on bad flags or a bad profile.
 #include <sys/prctl.h>
@@ -39,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "libclient/cuda_driver.h"
 #include "libclient/gradlane.h"
 #include "sched/model_profile.h"
 #include "sched/priority.h"
@@ -70,6 +74,62 @@ struct Layer {
   int64_t done_iter = -1;  // latest iteration whose result is back
 };
 
+// --device=cuda: GPU 0's primary context, made current on this (the only) thread, and the
+// gradients' device memory, freed after gl_close.
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  ~DeviceMemory() {
+    if (cuda_ == nullptr) return;
+    for (gradlane::client::cu::DevicePtr p : allocations_) cuda_->MemFree(p);
+    if (context_retained_) cuda_->DevicePrimaryCtxRelease(device_);
+  }
+
+  bool active() const { return cuda_ != nullptr; }
+
+  absl::Status SetUp() {
+    namespace cu = gradlane::client::cu;
+    absl::StatusOr<const gradlane::client::CudaDriver*> cuda = gradlane::client::LoadCudaDriver();
+    if (!cuda.ok()) return cuda.status();
+    int count = 0;
+    cu::Context ctx = nullptr;
+    cu::Result r = (*cuda)->DeviceGetCount(&count);
+    if (r == cu::kSuccess && count < 1) return absl::FailedPreconditionError("no GPU");
+    if (r == cu::kSuccess) r = (*cuda)->DeviceGet(&device_, 0);
+    if (r == cu::kSuccess) r = (*cuda)->DevicePrimaryCtxRetain(&ctx, device_);
+    if (r == cu::kSuccess) {
+      context_retained_ = true;
+      r = (*cuda)->CtxSetCurrent(ctx);
+    }
+    cuda_ = *cuda;
+    if (r != cu::kSuccess) return absl::FailedPreconditionError("GPU 0: " + cuda_->Describe(r));
+    return absl::OkStatus();
+  }
+
+  // `bytes` of device memory, every f32 element `value`.
+  absl::StatusOr<void*> Allocate(uint64_t bytes, float value) {
+    namespace cu = gradlane::client::cu;
+    cu::DevicePtr p = 0;
+    cu::Result r = cuda_->MemAlloc(&p, bytes);
+    if (r != cu::kSuccess)
+      return absl::ResourceExhaustedError("cuMemAlloc(" + std::to_string(bytes) +
+                                          "): " + cuda_->Describe(r));
+    allocations_.push_back(p);
+    std::vector<float> host(bytes / 4, value);
+    r = cuda_->MemcpyHtoD(p, host.data(), bytes);
+    if (r != cu::kSuccess) return absl::InternalError("cuMemcpyHtoD: " + cuda_->Describe(r));
+    return reinterpret_cast<void*>(p);
+  }
+
+ private:
+  const gradlane::client::CudaDriver* cuda_ = nullptr;
+  gradlane::client::cu::Device device_{};
+  bool context_retained_ = false;
+  std::vector<gradlane::client::cu::DevicePtr> allocations_;
+};
+
 void Usage() {
   std::fprintf(stderr,
                "usage: gradlane-replay --profile=FILE --socket=PATH --job=ID --rank=R --world=W\n"
@@ -77,6 +137,7 @@ void Usage() {
                "         [--warmup=2] [--csv=FILE] [--priority=index|auto|tic|tac|pace]\n"
                "         [--priority_bandwidth=BITS_PER_S (TAC's and PACE's link, 10e9)]\n"
                "         [--mode=ps|allreduce] [--timeout_ms=30000] [--time_scale=1.0] [--quiet]\n"
+               "         [--device=host|cuda]\n"
                "Compute is emulated by sleeping (see the header of tests/bench/replay.cc).\n");
 }
 
@@ -86,7 +147,7 @@ int main(int argc, char** argv) {
   Flags f;
   std::vector<std::string> known = gradlane::testing::JobFlagNames();
   known.insert(known.end(), {"profile", "iterations", "warmup", "csv", "priority",
-                             "priority_bandwidth", "time_scale", "seed"});
+                             "priority_bandwidth", "time_scale", "seed", "device"});
   if (!f.Parse(argc, argv, known, {"quiet"})) {
     Usage();
     return 2;
@@ -101,6 +162,11 @@ int main(int argc, char** argv) {
   const int64_t warmup = f.Int("warmup", 2, &ok);
   const bool quiet = f.Bool("quiet");
   const std::string priority_mode = f.Str("priority", "index");
+  const std::string device = f.Str("device", "host");
+  if (device != "host" && device != "cuda") {
+    std::fprintf(stderr, "error: --device must be host or cuda\n");
+    ok = false;
+  }
   double time_scale = 1.0;
   if (f.Has("time_scale")) {
     char* end = nullptr;
@@ -181,6 +247,14 @@ int main(int argc, char** argv) {
   gl_client* c = nullptr;
   bool connected = false;
   if (gradlane::testing::ConnectAndRegister(jf, arena, &c, &connected) != GL_OK) return 1;
+  DeviceMemory gpu;
+  if (device == "cuda") {
+    if (absl::Status s = gpu.SetUp(); !s.ok()) {
+      std::fprintf(stderr, "error: --device=cuda: %s\n", std::string(s.message()).c_str());
+      gl_close(c);
+      return 1;
+    }
+  }
   std::vector<size_t> layer_of_tensor;
   for (size_t i = 0; i < layers.size(); ++i) {
     if (layers[i].bytes == 0) continue;
@@ -188,8 +262,21 @@ int main(int argc, char** argv) {
     const int32_t prio = *pmode == gradlane::sched::PriorityMode::kAuto ? GL_PRIORITY_AUTO
                          : computed.empty()                             ? static_cast<int32_t>(i)
                                             : static_cast<int32_t>(computed[i]);
-    const int s = gl_register_tensor(c, layers[i].name.c_str(), layers[i].bytes, GL_DTYPE_F32, prio,
-                                     &layers[i].tensor, &buf);
+    int s;
+    if (gpu.active()) {
+      absl::StatusOr<void*> dptr = gpu.Allocate(layers[i].bytes, 1.0f / static_cast<float>(i + 1));
+      if (!dptr.ok()) {
+        std::fprintf(stderr, "error: %s: %s\n", layers[i].name.c_str(),
+                     std::string(dptr.status().message()).c_str());
+        gl_close(c);
+        return 1;
+      }
+      s = gl_register_device_tensor(c, layers[i].name.c_str(), *dptr, layers[i].bytes,
+                                    GL_DTYPE_F32, prio, &layers[i].tensor);
+    } else {
+      s = gl_register_tensor(c, layers[i].name.c_str(), layers[i].bytes, GL_DTYPE_F32, prio,
+                             &layers[i].tensor, &buf);
+    }
     if (s != GL_OK) {
       std::fprintf(stderr, "error: gl_register_tensor(%s, %" PRIu64 " bytes): %s (%s)\n",
                    layers[i].name.c_str(), layers[i].bytes, gl_strerror(s), gl_last_error(c));
@@ -200,16 +287,18 @@ int main(int argc, char** argv) {
       layer_of_tensor.resize(layers[i].tensor + 1, SIZE_MAX);
     layer_of_tensor[layers[i].tensor] = i;
     // A deterministic gradient; the values do not matter to the timing.
-    std::fill_n(static_cast<float*>(buf), layers[i].bytes / 4, 1.0f / static_cast<float>(i + 1));
+    if (buf != nullptr)
+      std::fill_n(static_cast<float*>(buf), layers[i].bytes / 4, 1.0f / static_cast<float>(i + 1));
   }
   if (!quiet) {
     std::printf(
         "gradlane-replay: model=%s policy=%s rank=%u/%u layers=%zu tensors=%zu bytes=%" PRIu64
-        " compute=%.1fms (fwd %.1f + bwd %.1f) iterations=%" PRId64 " warmup=%" PRId64 "\n",
+        " compute=%.1fms (fwd %.1f + bwd %.1f) iterations=%" PRId64 " warmup=%" PRId64
+        " device=%s\n",
         profile->model.c_str(), jf.policy.empty() ? "(default)" : jf.policy.c_str(), jf.rank,
         jf.world, layers.size(), bwd_order.size(), total_bytes,
         static_cast<double>(compute_ns) / 1e6, static_cast<double>(compute_ns - backward_ns) / 1e6,
-        static_cast<double>(backward_ns) / 1e6, iterations, warmup);
+        static_cast<double>(backward_ns) / 1e6, iterations, warmup, device.c_str());
     std::fflush(stdout);
   }
 
