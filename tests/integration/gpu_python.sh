@@ -4,20 +4,7 @@
 # sees a GPU.
 #   gpu_python.sh GRADLANED LIBGRADLANE PYTHON_PACKAGE_DIR     (meson test -C build --suite gpu)
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-source "$here/netns.sh"
-GL_DAEMON=$1
-export GRADLANE_LIB=$2 PYTHONPATH=$3
-unset GRADLANE_CUDA_LIBRARY LD_PRELOAD  # the real driver; no sanitizer runtime in python
-[[ -x $GL_DAEMON ]] || { echo "SKIP: gradlaned not built ($GL_DAEMON)"; exit 77; }
-py=""
-for cand in ${GL_TORCH_PYTHON:-} python3 /usr/bin/python3; do
-  if "$cand" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    py=$(command -v "$cand"); break
-  fi
-done
-[[ -n $py ]] || { echo "SKIP: needs a python3 whose torch sees a CUDA GPU"; exit 77; }
-"$py" -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
+source "$(dirname "$0")/gpu_torch_env.sh"
 gl_env_init 3
 for i in 0 1 2; do gl_daemon_start "$i" --peer_timeout=10s; done
 peers=$(gl_peers)

@@ -8,24 +8,11 @@
 #   gpu_torch.sh GRADLANED LIBGRADLANE PYTHON_PACKAGE_DIR      (meson test -C build --suite gpu)
 # Skips (77) saying why without a python3 whose torch sees a GPU, or without the dataset.
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-source "$here/netns.sh"
-GL_DAEMON=$1
-export GRADLANE_LIB=$2 PYTHONPATH=$3
-unset GRADLANE_CUDA_LIBRARY LD_PRELOAD  # the real driver; no sanitizer runtime in python
-[[ -x $GL_DAEMON ]] || { echo "SKIP: gradlaned not built ($GL_DAEMON)"; exit 77; }
-py=""
-for cand in ${GL_TORCH_PYTHON:-} python3 /usr/bin/python3; do
-  if "$cand" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    py=$(command -v "$cand"); break
-  fi
-done
-[[ -n $py ]] || { echo "SKIP: needs a python3 whose torch sees a CUDA GPU"; exit 77; }
+source "$(dirname "$0")/gpu_torch_env.sh"
 data=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
 [[ -f $data/train-images-idx3-ubyte.gz ]] ||
   { echo "SKIP: needs Fashion-MNIST in $data (Debian: dataset-fashion-mnist)"; exit 77; }
 export FASHION_MNIST_DIR=$data
-"$py" -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
 train=$here/torch_train.py
 iters=${IT_ITERATIONS:-30}
 
