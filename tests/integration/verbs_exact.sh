@@ -5,7 +5,8 @@
 # eagerly with their header, the rest by RDMA WRITE with immediate); then two daemons. Then the
 # flush case: kill -9 of one daemon mid-job; the other ranks must get error completions (their
 # queue pairs flush, the TCP connections reset) within the bound, the survivors stay up, and a
-# job on a restarted daemon is bit-exact. After the W=3 jobs, daemon 0's `gradlanectl status`
+# job on a restarted daemon is bit-exact. The stopped case: SIGSTOP of one daemon mid-job; the
+# others must fail it within the bound (no reply, no completion for --peer_timeout). After the W=3 jobs, daemon 0's `gradlanectl status`
 # and its /metrics must show the verbs backend on rxe0 and nonzero eager and rendezvous counters
 # both ways, no RNR and no refused registration (and the port's hw_counters where sysfs has them).
 #   verbs_exact.sh GRADLANED GRADLANE-CHECK [GRADLANECTL]
@@ -109,6 +110,21 @@ gl_daemon_start 2 --peer_timeout=${pt}s
 it_job_start after gradlane 2 22 -- --quiet "${sizes[@]}"
 it_job_wait after 200 || it_fail "a new job after restarting daemon 2 failed (above)"
 echo "restarted daemon 2: new job bit-exact over verbs"
+# A daemon that stops answering without going away (SIGSTOP: its kernel still answers TCP and
+# its NIC still acknowledges): the peers' senders get neither replies nor completions, and must
+# fail it within --peer_timeout; its own client learns once it runs again.
+it_job_start stalled gradlane 100000 23 -- --expect_failure "${sizes[@]}"
+gl_wait_line "$GL_TMP/stalled.r0.out" 'iteration 1 ok' 200 "${GL_PID[stalled.r0]}" ||
+  { gl_show stalled.r0; it_fail "job 'stalled' never reached iteration 1"; }
+kill -STOP "${GL_DPID[2]}"
+t0=$SECONDS
+if ! it_job_wait stalled "$bound" "0 1"; then
+  kill -CONT "${GL_DPID[2]}"
+  it_fail "ranks 0 and 1 did not report the stopped daemon 2 within ${bound}s (above)"
+fi
+echo "SIGSTOP of daemon 2: ranks 0 and 1 reported the failure within $((SECONDS - t0)) s"
+kill -CONT "${GL_DPID[2]}"
+it_job_wait stalled 60 2 || it_fail "rank 2 did not report the failure once its daemon ran again"
 # Two ranks: the first two hosts' daemons (gl_peers lists the first GL_W).
 gl_daemon_stop 2 || it_fail "daemon 2: exit status $? after SIGTERM (want 0)"
 GL_W=2

@@ -124,6 +124,9 @@ class VerbsSender {
   // Segments wait for the peer (a reply, a credit, a write's completion): the owner must keep
   // calling Progress_st, since replies arrive as memory writes that raise no event.
   bool AwaitingPeer() const { return !failed_ && pending() > 0; }
+  // Grows with every reply read and every send-queue completion: what the transport's liveness
+  // check watches while AwaitingPeer() (a peer whose daemon stopped answers neither).
+  uint64_t progress_mark() const { return reply_seq_ + sq_completed_; }
   uint32_t credits() const;
   uint64_t eager_sent() const { return eager_sent_; }
   uint64_t rendezvous_sent() const { return rendezvous_sent_; }

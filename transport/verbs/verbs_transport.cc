@@ -30,6 +30,10 @@ struct VerbsTransport::Conn {
   std::vector<SendCompletion> sends;  // by the channel's cookie (a ring of reply_entries)
   uint64_t send_index = 0;
   std::vector<SendSpec> early;  // posted before the queue pair was up, in order
+  // Liveness (the TCP connection sees no data, so its peer_timeout never fires): the sender's
+  // progress mark when it last moved, and when.
+  uint64_t progress_mark = 0;
+  TimeNs last_progress = 0;
   // Receiver (the acceptor's end).
   std::vector<uint8_t> slots, staging;
   std::unique_ptr<IbvMemory> slots_mr, staging_mr;
@@ -495,7 +499,10 @@ int VerbsTransport::Progress_st(TimeNs now, int wait_ms) {
     if (it->second->receiver != nullptr) handled += it->second->receiver->Flush_st();
     it = conns_.find(handle);
     if (it == conns_.end()) continue;
-    if (it->second->sender != nullptr) handled += it->second->sender->Progress_st();
+    if (it->second->sender != nullptr) {
+      handled += it->second->sender->Progress_st();
+      CheckLiveness_st(*it->second, now);
+    }
   }
   while (!failed_.empty()) {
     Conn* c = failed_.back();
@@ -504,6 +511,24 @@ int VerbsTransport::Progress_st(TimeNs now, int wait_ms) {
   }
   graveyard_.clear();
   return handled;
+}
+
+void VerbsTransport::CheckLiveness_st(Conn& c, TimeNs now) {
+  VerbsSender& sender = *c.sender;
+  if (!sender.AwaitingPeer() || sender.progress_mark() != c.progress_mark ||
+      c.last_progress == 0) {
+    c.progress_mark = sender.progress_mark();
+    c.last_progress = now;
+    return;
+  }
+  if (now - c.last_progress <= options_.peer_timeout) return;
+  peer_timeouts_.Add_st(1);
+  // Fails the pending sends in order with this reason; the channel's going down (SenderSink)
+  // then queues the TCP connection's closing (failed_), which reports the peer down.
+  sender.Abort_st(absl::DeadlineExceededError(absl::StrFormat(
+      "peer rank %d made no progress for %d ms with %d sends pending (verbs: no reply and no "
+      "completion)",
+      c.info.rank, options_.peer_timeout / sched::kMillisecond, sender.pending())));
 }
 
 bool VerbsTransport::HasDeferredWork_st() const {
@@ -539,6 +564,7 @@ TransportStats VerbsTransport::Stats() const {
   s.total.frames_received += v.eager_received + v.rendezvous_received + v.segments_refused;
   s.total.acks_received += v.segments_acked;
   s.total.sends_failed += v.segments_failed;
+  s.peer_timeouts += peer_timeouts_.Get();
   return s;
 }
 

@@ -13,7 +13,10 @@
 // sends (VerbsSender), the acceptor's receives (VerbsReceiver). The TCP connection going down
 // (reset, goodbye, peer_timeout) takes the queue pair with it, and an error completion on the
 // queue pair closes the TCP connection: either way pending sends fail in order, then one
-// OnPeerDown_st.
+// OnPeerDown_st. Liveness: the segments never touch the TCP connection, so its peer_timeout
+// cannot see a peer whose daemon stopped (its kernel still answers TCP, its NIC still acks);
+// a sender with sends pending and neither a reply nor a completion for peer_timeout fails the
+// same way.
 //
 // Memory: every region the engine registers is registered with the device as well (local write
 // and remote write: a region is a send source and a receive target alike; docs/verbs.md says what
@@ -132,12 +135,15 @@ class VerbsTransport final : public Transport, private TransportHandler {
   absl::Status StartReceiver_st(Conn& c);
   void Teardown_st(Conn& c, const absl::Status& why);
   void PollCompletions_st();
+  // A sender awaiting its peer with no reply and no completion for peer_timeout: fails it.
+  void CheckLiveness_st(Conn& c, TimeNs now);
 
   TransportOptions options_;
   VerbsOptions verbs_;
   TransportHandler* handler_;
   // Declared before the connections: their channels count into it until they are destroyed.
   VerbsCounters counters_;
+  StatCounter peer_timeouts_;  // senders failed by CheckLiveness_st (gradlane_peer_down_total)
   std::unique_ptr<IbvDevice> device_;
   std::unique_ptr<tcp::TcpTransport> tcp_;
   RegionTable regions_;
