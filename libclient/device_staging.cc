@@ -71,8 +71,7 @@ absl::StatusOr<std::unique_ptr<DeviceStaging>> DeviceStaging::Create(const CudaD
   // of a just-returned cuMemcpyHtoD stale); the copy back must not queue behind the caller's
   // next compute, so that stream is not.
   if ((r = cuda.StreamCreate(&s->to_arena_, cu::kStreamDefault)) != cu::kSuccess ||
-      (r = cuda.StreamCreate(&s->to_arena_after_event_, cu::kStreamNonBlocking)) !=
-          cu::kSuccess ||
+      (r = cuda.StreamCreate(&s->to_arena_after_event_, cu::kStreamNonBlocking)) != cu::kSuccess ||
       (r = cuda.StreamCreate(&s->to_device_, cu::kStreamNonBlocking)) != cu::kSuccess) {
     return absl::InternalError(absl::StrCat("cuStreamCreate: ", cuda.Describe(r)));
   }

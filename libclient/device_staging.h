@@ -124,11 +124,11 @@ class DeviceStaging {
   cu::Context context_;
   void* arena_ = nullptr;
   bool pinned_ = false;
-  cu::Stream to_arena_ = nullptr;   // the poster's (blocking: after the legacy stream)
+  cu::Stream to_arena_ = nullptr;              // the poster's (blocking: after the legacy stream)
   cu::Stream to_arena_after_event_ = nullptr;  // the poster's, for gl_post_after (non-blocking)
-  cu::Stream to_device_ = nullptr;  // the poller's
-  std::vector<Tensor> tensors_;     // by tensor id; bytes 0 = a host tensor
-  std::vector<Slot> slots_;         // FIFO of completions held for their copies
+  cu::Stream to_device_ = nullptr;             // the poller's
+  std::vector<Tensor> tensors_;                // by tensor id; bytes 0 = a host tensor
+  std::vector<Slot> slots_;                    // FIFO of completions held for their copies
   size_t head_ = 0, count_ = 0;
   std::string last_error_;
 };

@@ -271,8 +271,8 @@ int main(int argc, char** argv) {
         gl_close(c);
         return 1;
       }
-      s = gl_register_device_tensor(c, layers[i].name.c_str(), *dptr, layers[i].bytes,
-                                    GL_DTYPE_F32, prio, &layers[i].tensor);
+      s = gl_register_device_tensor(c, layers[i].name.c_str(), *dptr, layers[i].bytes, GL_DTYPE_F32,
+                                    prio, &layers[i].tensor);
     } else {
       s = gl_register_tensor(c, layers[i].name.c_str(), layers[i].bytes, GL_DTYPE_F32, prio,
                              &layers[i].tensor, &buf);

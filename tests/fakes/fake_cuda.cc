@@ -26,11 +26,11 @@
 // gradlane_fake_cuda_counts() lets a test see what happened.
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -65,7 +65,7 @@ struct Op {
   std::byte* dst = nullptr;
   const std::byte* src = nullptr;
   size_t bytes = 0;
-  Event* marks = nullptr;  // an event's record point instead of a copy
+  Event* marks = nullptr;         // an event's record point instead of a copy
   std::vector<std::byte> source;  // the source as read at the call (legacy-stream copies)
 };
 struct Stream {
@@ -94,8 +94,8 @@ struct State {
   uint64_t copies_to_host = 0, copies_to_device = 0, bytes_to_host = 0, bytes_to_device = 0;
   uint64_t async_copies = 0, fail_copy_at = 0;
   uint64_t host_registered = 0;
-  Stream legacy;                  // the legacy default stream (stream 0)
-  Stream pageable;                // cuMemcpyHtoD copies not landed yet
+  Stream legacy;                 // the legacy default stream (stream 0)
+  Stream pageable;               // cuMemcpyHtoD copies not landed yet
   std::vector<Stream*> streams;  // every live stream, for cuCtxSynchronize
 };
 State& S() {
@@ -128,7 +128,8 @@ void RunUntil(Stream* st, const Event* until) {
       op.marks->stream = nullptr;
       if (op.marks == until) return;
     } else {
-      if (op.bytes > 0) std::memcpy(op.dst, op.source.empty() ? op.src : op.source.data(), op.bytes);
+      if (op.bytes > 0)
+        std::memcpy(op.dst, op.source.empty() ? op.src : op.source.data(), op.bytes);
       LandWhatItDidNotWaitFor(st);
     }
   }
