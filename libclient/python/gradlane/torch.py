@@ -513,8 +513,9 @@ class Trainer:
     def _post(self, tid, k, after=None):
         try:
             while True:
+                event = None if after is None else after.cuda_event
                 with self._post_lock:
-                    if self._client.post(tid, k, after_event=after.cuda_event if after else None):
+                    if self._client.post(tid, k, after_event=event):
                         return
                 # The ring is full: the completion thread drains it (unless closing).
                 self._raise_if_failed()
