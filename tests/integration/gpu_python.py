@@ -1,7 +1,8 @@
 """gpu_python: one rank of a W-rank job whose gradients are PyTorch CUDA tensors (the caching
 allocator's memory), registered with gradlane.Client.register_device_tensor and posted through
-the daemons straight after PyTorch computed them (no synchronize); every result, read back from device memory, must equal bit for bit the
-rank-ordered f32 sum of every rank's values (f16/bf16 rounded once), for several iterations.
+the daemons straight after PyTorch computed them (no synchronize); every result, read back from
+device memory, must equal bit for bit the rank-ordered f32 sum of every rank's values (f16/bf16
+rounded once), for several iterations.
 Run by gpu_python.sh (suite gpu), one process per rank.
 
     gpu_python.py RANK WORLD SOCKET PEERS ITERATIONS
@@ -36,8 +37,8 @@ def main():
         grads = []
         for i, (d, n) in enumerate(specs):
             t = torch.zeros(n, dtype=DTYPES[d], device=dev)
-            h = c.register_device_tensor(f"t{i}.{d}.{n}", t.data_ptr(), t.numel() * t.element_size(),
-                                         dtype=d, priority=i)
+            h = c.register_device_tensor(f"t{i}.{d}.{n}", t.data_ptr(),
+                                         t.numel() * t.element_size(), dtype=d, priority=i)
             grads.append((h, t, d, n))
         for k in range(iters):
             for i, (h, t, d, n) in enumerate(grads):
