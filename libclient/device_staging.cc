@@ -133,7 +133,8 @@ absl::Status DeviceStaging::StageIn(uint32_t id, uint64_t offset, uint64_t lengt
   if (in_range) r = cuda_.MemcpyDtoHAsync(t.staging + offset, t.device + offset, length, stream);
   if (r == cu::kSuccess) r = cuda_.StreamSynchronize(stream);
   if (r != cu::kSuccess) {
-    return absl::InternalError(absl::StrCat("copying ", length, " bytes of tensor ", id,
+    return absl::InternalError(absl::StrCat(in_range ? "copying " : "waiting to copy ", length,
+                                            " bytes of tensor ", id,
                                             " from the GPU: ", cuda_.Describe(r)));
   }
   return absl::OkStatus();

@@ -10,7 +10,7 @@
 //
 // Why these rules: a post must not return before its bytes are in the arena (the daemon may
 // send them at once), and a completion must not be seen before its bytes are on the device
-// (the caller reuses the tensor then). Each direction has a stream of this client's own. The
+// (the caller reuses the tensor then). The copies run on streams of this client's own. The
 // copy to the arena waits for the work already issued to the legacy default stream (kernels on
 // stream 0, PyTorch's default stream, cudaMemcpy — whose copy from pageable memory may still be
 // landing when it returns): it synchronizes that stream and runs on a blocking stream, so a

@@ -57,6 +57,9 @@ struct gl_client {
   std::string disconnect_reason;
   std::vector<uint64_t> tensor_bytes;  // by tensor id, for GL_WHOLE_TENSOR
   uint32_t completion_slots = 0;
+  // The CUDA driver once gl_post_after has waited on an event for a host tensor (loaded then,
+  // so a later call allocates nothing); null before.
+  const gradlane::client::CudaDriver* event_driver = nullptr;
   // Made by the first gl_register_device_tensor; null while the client has only host tensors.
   // Declared after `arena`, so it is destroyed first: it unpins the arena and waits for its
   // copies before the mapping goes.
@@ -478,10 +481,14 @@ int gl_post_after(gl_client* c, uint32_t tensor_id, int64_t iteration, uint64_t 
     }
   } else if (after != nullptr) {
     // A host tensor filled by the GPU (a device-to-host copy the event follows).
-    auto cuda = gradlane::client::LoadCudaDriver();
-    if (!cuda.ok()) return Fail(c, GL_E_DEVICE, std::string(cuda.status().message()));
-    if (const auto r = (*cuda)->EventSynchronize(after); r != gradlane::client::cu::kSuccess) {
-      return Fail(c, GL_E_DEVICE, "waiting for the CUDA event: " + (*cuda)->Describe(r));
+    if (c->event_driver == nullptr) {
+      auto cuda = gradlane::client::LoadCudaDriver();
+      if (!cuda.ok()) return Fail(c, GL_E_DEVICE, std::string(cuda.status().message()));
+      c->event_driver = *cuda;
+    }
+    if (const auto r = c->event_driver->EventSynchronize(after);
+        r != gradlane::client::cu::kSuccess) {
+      return Fail(c, GL_E_DEVICE, "waiting for the CUDA event: " + c->event_driver->Describe(r));
     }
   }
   return gl_testing_post_raw(c, &e);

@@ -41,7 +41,8 @@ declare -A sum=([host]=0 [cuda]=0)
 for ((k = 0; k < rounds; k++)); do
   for where in host cuda; do
     replay_extra=(--device="$where")
-    read -r gp ms <<<"$(goodput_reduce "$where$k")"
+    out=$(goodput_reduce "$where$k") || { echo "device_goodput: the $where run failed" >&2; exit 1; }
+    read -r gp ms <<<"$out"
     printf "%-7s %-8s %-12s %12s %12s\n" "$k" "$where" "$policy" "$ms" "$gp Gb/s"
     sum[$where]=$(awk -v a="${sum[$where]}" -v b="$ms" 'BEGIN { print a + b }')
   done

@@ -16,7 +16,9 @@
 //   the driver we measured, a blocking stream's ordering does not cover them here. They land
 //   at cuStreamSynchronize of the legacy stream (0 or CU_STREAM_LEGACY), cuCtxSynchronize,
 //   cuMemcpyDtoH or cuMemFree. Work queued on the legacy stream itself (event records) is
-//   waited for by blocking streams. A non-blocking stream waits for neither: its copy runs
+//   waited for by blocking streams, and an event recorded on stream 0 covers the pageable
+//   copies issued before it. Not modelled: the legacy stream waiting for blocking streams' work
+//   (no caller relies on it). A non-blocking stream waits for neither: its copy runs
 //   first and they land just after it, so code that copies a just-written tensor on one reads
 //   stale bytes, and its copy back is overwritten.
 // - Faults on request, read by cuInit: GRADLANE_FAKE_CUDA_FAIL_COPY=N makes the Nth asynchronous
@@ -158,7 +160,7 @@ void SynchronizeAll(State& s) {
 }
 
 Result Enqueue(State& s, Stream* st, std::byte* dst, const std::byte* src, size_t n) {
-  if (st == nullptr) return kInvalidHandle;
+  st = Resolve(st);
   if (++s.async_copies == s.fail_copy_at) return kIllegalAddress;
   OrderAfterLegacy(s, st);
   st->ops.push_back(Op{dst, src, n, nullptr});
@@ -329,8 +331,8 @@ Result cuStreamSynchronize(Stream* st) {
   return kSuccess;
 }
 Result cuStreamDestroy_v2(Stream* st) {
-  if (st == nullptr) return kInvalidHandle;
   std::lock_guard<std::mutex> l(S().mu);
+  if (Resolve(st) == &S().legacy) return kInvalidHandle;  // not a stream of the caller's
   RunUntil(st, nullptr);  // the driver finishes queued work after a destroy
   auto& all = S().streams;
   all.erase(std::remove(all.begin(), all.end(), st), all.end());
@@ -355,7 +357,15 @@ Result cuEventRecord(Event* ev, Stream* st) {
   std::lock_guard<std::mutex> l(S().mu);
   st = Resolve(st);
   if (ev->stream != nullptr) RunUntil(ev->stream, ev);  // re-recorded: the old point passes
-  if (st != &S().legacy) OrderAfterLegacy(S(), st);
+  if (st != &S().legacy) {
+    OrderAfterLegacy(S(), st);
+  } else {
+    // Pageable copies issued before are the legacy stream's work: the event covers them.
+    while (!S().pageable.ops.empty()) {
+      st->ops.push_back(std::move(S().pageable.ops.front()));
+      S().pageable.ops.pop_front();
+    }
+  }
   ev->stream = st;
   ev->queried = false;
   st->ops.push_back(Op{nullptr, nullptr, 0, ev});
@@ -364,9 +374,10 @@ Result cuEventRecord(Event* ev, Stream* st) {
 // Work queued on `st` after this waits for `ev`: the fake runs the event's stream up to it now
 // (earlier than the driver might, never later), and nothing else.
 Result cuStreamWaitEvent(Stream* st, Event* ev, unsigned flags) {
-  if (st == nullptr || ev == nullptr) return kInvalidHandle;
+  if (ev == nullptr) return kInvalidHandle;
   if (flags != 0) return kInvalidValue;
   std::lock_guard<std::mutex> l(S().mu);
+  st = Resolve(st);
   if (ev->stream != nullptr) RunUntil(ev->stream, ev);
   return kSuccess;
 }

@@ -160,6 +160,8 @@ void VerbsSender::PostReady() {
       // Signaled: its completion is the segment's acknowledgement.
       p.write_request = sq_posted_;
       if (absl::Status s = PostWork(w, /*force_signal=*/true); !s.ok()) return Fail(s);
+      last_write_request_ = p.write_request;
+      wrote_ = true;
       ++forward_used_;
       p.state = State::kWriting;
       ++write_seq_;

@@ -127,6 +127,10 @@ class VerbsSender {
   // Grows with every reply read and every send-queue completion: what the transport's liveness
   // check watches while AwaitingPeer() (a peer whose daemon stopped answers neither).
   uint64_t progress_mark() const { return reply_seq_ + sq_completed_; }
+  // An RDMA write is posted and not yet completed. The peer's NIC completes it (or the queue
+  // pair fails it) whether or not the peer's daemon runs, so while one is out the liveness
+  // check waits: a large write on a slow link is progress, not silence.
+  bool WriteOutstanding() const { return wrote_ && last_write_request_ >= sq_completed_; }
   uint32_t credits() const;
   uint64_t eager_sent() const { return eager_sent_; }
   uint64_t rendezvous_sent() const { return rendezvous_sent_; }
@@ -160,13 +164,15 @@ class VerbsSender {
   SenderEvents& events_;
   std::unique_ptr<VerbsCounters> own_counters_;  // when none were given
   VerbsCounters& counters_;
-  std::vector<Pending> pending_;  // ring of reply_entries, indexed by seq
-  uint64_t next_seq_ = 0;         // the next segment's seq
-  uint64_t header_seq_ = 0;       // the next header to post
-  uint64_t write_seq_ = 0;        // the next segment whose write may be due (in seq order)
-  uint64_t reply_seq_ = 0;        // the next reply expected
-  uint64_t done_seq_ = 0;         // segments completed in order
-  uint64_t forward_used_ = 0;     // receives consumed at the peer (SENDs + writes with immediate)
+  std::vector<Pending> pending_;     // ring of reply_entries, indexed by seq
+  uint64_t next_seq_ = 0;            // the next segment's seq
+  uint64_t header_seq_ = 0;          // the next header to post
+  uint64_t write_seq_ = 0;           // the next segment whose write may be due (in seq order)
+  uint64_t last_write_request_ = 0;  // the last write's send-queue request number
+  bool wrote_ = false;
+  uint64_t reply_seq_ = 0;     // the next reply expected
+  uint64_t done_seq_ = 0;      // segments completed in order
+  uint64_t forward_used_ = 0;  // receives consumed at the peer (SENDs + writes with immediate)
   uint64_t sq_posted_ = 0;
   uint64_t sq_completed_ = 0;
   uint64_t eager_sent_ = 0;

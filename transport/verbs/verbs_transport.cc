@@ -515,7 +515,8 @@ int VerbsTransport::Progress_st(TimeNs now, int wait_ms) {
 
 void VerbsTransport::CheckLiveness_st(Conn& c, TimeNs now) {
   VerbsSender& sender = *c.sender;
-  if (!sender.AwaitingPeer() || sender.progress_mark() != c.progress_mark || c.last_progress == 0) {
+  if (!sender.AwaitingPeer() || sender.WriteOutstanding() ||
+      sender.progress_mark() != c.progress_mark || c.last_progress == 0) {
     c.progress_mark = sender.progress_mark();
     c.last_progress = now;
     return;

@@ -211,6 +211,43 @@ TEST(VerbsChannelTest, HeldWritesWaitUntilTheSenderIsReady) {
   EXPECT_EQ(link.receiver_log_.downs, 0);
 }
 
+// What VerbsTransport's liveness check reads (a sender awaiting its peer, its progress mark, a
+// write still out): a peer daemon that never answers leaves the mark still and no write out,
+// so the check can fire; once the peer clears the segment, the write it allows is progress
+// until the NIC completes it.
+TEST(VerbsChannelTest, LivenessInputsTellASilentPeerFromASlowWrite) {
+  Link link(SmallLimits(), 4096);
+  ASSERT_TRUE(link.Post(1, 0, 3000).ok());  // rendezvous
+  EXPECT_TRUE(link.sender_->AwaitingPeer());
+  EXPECT_FALSE(link.sender_->WriteOutstanding());
+  // The peer's daemon does nothing: its NIC takes the header, no reply ever comes.
+  auto sender_round = [&] {
+    link.nic_.Run();
+    for (const Completion& c : link.sender_qp_->TakeCompletions()) link.sender_->OnCompletion_st(c);
+    link.sender_->Progress_st();
+  };
+  sender_round();
+  const uint64_t mark = link.sender_->progress_mark();
+  for (int i = 0; i < 20; ++i) sender_round();
+  EXPECT_EQ(link.sender_->progress_mark(), mark);
+  EXPECT_TRUE(link.sender_->AwaitingPeer());
+  EXPECT_FALSE(link.sender_->WriteOutstanding());
+  // The peer answers (clear-to-send): the sender posts its write, which is out until the NIC
+  // has run it and its completion is read.
+  for (const Completion& c : link.receiver_qp_->TakeCompletions())
+    link.receiver_->OnCompletion_st(c);
+  link.receiver_->Flush_st();
+  link.nic_.Run(1);  // the reply lands in the sender's reply region
+  link.sender_->Progress_st();
+  EXPECT_GT(link.sender_->progress_mark(), mark);
+  EXPECT_TRUE(link.sender_->WriteOutstanding());
+  link.Settle();
+  EXPECT_FALSE(link.sender_->WriteOutstanding());
+  EXPECT_FALSE(link.sender_->AwaitingPeer());
+  EXPECT_EQ(link.sender_log_.acked, (std::vector<uint64_t>{1}));
+  EXPECT_TRUE(link.SameBytes(0, 3000));
+}
+
 TEST(VerbsChannelTest, LimitsAreValidated) {
   EXPECT_TRUE(SmallLimits().Validate().ok());
   ChannelLimits l = SmallLimits();
