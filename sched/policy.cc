@@ -9,6 +9,7 @@
 #include "sched/policies/bytescheduler.h"
 #include "sched/policies/fifo.h"
 #include "sched/policies/gradlane.h"
+#include "sched/policies/gradlane_selector.h"
 #include "sched/policies/p3.h"
 #include "sched/policies/prophet.h"
 
@@ -54,7 +55,7 @@ uint64_t DefaultPartitionBytes(std::string_view policy, DType dtype) {
   if (policy == "p3") return kP3PartitionElements * DTypeBytes(dtype);
   if (policy == "bytescheduler") return kByteSchedulerDefaultPartitionBytes;
   if (policy == "prophet") return kProphetDefaultPartitionBytes;
-  if (policy == "gradlane") return kGradlaneDefaultKeyPartitionBytes;
+  if (policy == "gradlane" || policy == "gradlane-rules") return kGradlaneDefaultKeyPartitionBytes;
   return 0;
 }
 
@@ -66,15 +67,22 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(const PolicyConfig& config) {
   if (config.name == "p3") return P3Policy::Create(config);
   if (config.name == "bytescheduler") return ByteSchedulerPolicy::Create(config);
   if (config.name == "prophet") return std::unique_ptr<Policy>(ProphetPolicy::Create(config));
-  if (config.name == "gradlane") return std::unique_ptr<Policy>(GradlanePolicy::Create(config));
+  if (config.name == "gradlane") {
+    auto selector = GradlaneSelector::Create(config);
+    if (!selector.ok()) return selector.status();
+    return std::unique_ptr<Policy>(*std::move(selector));
+  }
+  if (config.name == "gradlane-rules") {
+    return std::unique_ptr<Policy>(GradlanePolicy::Create(config));
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown policy '", config.name,
                    "' (expected one of: ", absl::StrJoin(PolicyNames(), ", "), ")"));
 }
 
 const std::vector<std::string>& PolicyNames() {
-  static const std::vector<std::string>* const kNames =
-      new std::vector<std::string>{"fifo", "p3", "bytescheduler", "prophet", "gradlane"};
+  static const std::vector<std::string>* const kNames = new std::vector<std::string>{
+      "fifo", "p3", "bytescheduler", "prophet", "gradlane", "gradlane-rules"};
   return *kNames;
 }
 

@@ -43,7 +43,8 @@ struct Dispatch {
 };
 
 struct PolicyConfig {
-  // fifo | p3 | bytescheduler | prophet | gradlane
+  // fifo | p3 | bytescheduler | prophet | gradlane | gradlane-rules (gradlane's rules alone,
+  // without its outer loop over candidate schedules: policies/gradlane_selector.h)
   std::string name = "bytescheduler";
   // Partition size δ in bytes (0: the policy's default: p3 ≈ 50k params, bytescheduler 4 MB,
   // prophet 4 MB, fifo whole tensors).
@@ -85,7 +86,20 @@ class Policy {
   // Live link estimate from the bandwidth/RTT estimator (bytes/s while busy, smoothed RTT).
   virtual void OnLinkEstimate(double bytes_per_s, TimeNs rtt) = 0;
 
+  // Job-wide agreement, for a policy whose choice must be the same on every host of a job
+  // (gradlane's choice among candidate schedules: policies/gradlane_selector.h). The caller
+  // gives the policy its host's rank once, before the first range; stamps every data message
+  // it sends with Decision() as it is committed; and passes the stamp of every data message it
+  // receives to OnPeerDecision(). 0 means "nothing to agree on"; the other policies keep these
+  // defaults. Without SetRank a policy acts as rank 0, which decides for the job.
+  virtual void SetRank(uint16_t /*rank*/) {}
+  virtual uint8_t Decision() const { return 0; }
+  virtual void OnPeerDecision(uint8_t /*decision*/, TimeNs /*now*/) {}
+
   // Introspection for metrics and tests.
+  // The schedule running now: the policy's name, or for gradlane the candidate it chose (or is
+  // trying).
+  virtual std::string_view schedule() const { return name(); }
   virtual size_t queued_segments() const = 0;
   virtual uint64_t credit_in_use() const = 0;
 };

@@ -1,7 +1,9 @@
-// sched/policies/gradlane.h — gradlane's own policy: priority order as in ByteScheduler, but the
-// message size, the fusion of small tensors and the credit window are derived from what the
-// host measures (link rate B, round-trip time, per-message cost θ, bytes per iteration) instead
-// of fixed byte counts, so that one policy fits every model and link.
+// sched/policies/gradlane.h — gradlane's own rules (policy name "gradlane-rules"): priority order
+// as in ByteScheduler, but the message size, the fusion of small tensors and the credit window
+// are derived from what the host measures (link rate B, round-trip time, per-message cost θ,
+// bytes per iteration) instead of fixed byte counts, so that one policy fits every model and
+// link. The `gradlane` policy (policies/gradlane_selector.h) runs these rules as its first
+// candidate and keeps them unless one of the papers' schedules times faster on the job.
 //
 // The ideal bound assumes preemption at every byte and no per-message cost. A real schedule
 // loses to it in two ways, and every rule here trades one against the other:
@@ -77,9 +79,11 @@
 //   refund is spent at once on a block of that size, and a backlog of small tensors goes as
 //   many small messages, each paying θ.
 // Rule 5, adaptation. Every OnLinkEstimate and every completed iteration re-derives δ and the
-//   window: a bandwidth change reshapes both within one estimate. The BO tuner (bo_tuner.h) is
-//   not used as an outer loop: the rules are closed-form in measured quantities, and a search
-//   that spends training iterations on trials cannot follow a change within a run.
+//   window: a bandwidth change reshapes both within one estimate. The outer loop is not the
+//   BO tuner (bo_tuner.h: tens of trials over continuous knobs) but gradlane_selector.h: one
+//   trial each of a handful of whole schedules, because where these rules lose it is to a
+//   different kind of schedule (prophet's blocks, fifo's whole tensors), not to other values
+//   of δ or the window.
 //
 // The figures above are the simulator's at θ = 50 µs (its default before tests/bench/theta.sh
 // measured 3 µs) unless they say otherwise; docs/simulator.md has every row at both.
@@ -146,7 +150,7 @@ class GradlanePolicy final : public Policy {
   // config is already validated by MakePolicy.
   static std::unique_ptr<GradlanePolicy> Create(const PolicyConfig& config);
 
-  std::string_view name() const override { return "gradlane"; }
+  std::string_view name() const override { return "gradlane-rules"; }
   void RegisterTensor(const TensorSpec& tensor) override;
   void OnReady(const ReadyRange& range, TimeNs now) override;
   bool NextDispatch(TimeNs now, Dispatch& out) override;

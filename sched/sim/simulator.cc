@@ -163,6 +163,7 @@ struct Message {
   int64_t dispatch = -1;  // -1: no credit to return (the ideal network)
   int64_t iteration = 0;  // for per-iteration accounting: the first segment's
   uint64_t bytes = 0;
+  uint8_t decision = 0;  // the sender's Policy::Decision() when it committed the message
   std::vector<Segment> segments;
 };
 
@@ -397,6 +398,7 @@ int64_t Engine::NewMessage() {
     const int64_t id = free_messages_.back();
     free_messages_.pop_back();
     messages_[id].segments.clear();
+    messages_[id].decision = 0;
     return id;
   }
   messages_.emplace_back();
@@ -464,6 +466,7 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory, std::string_
     if (!policy.ok()) return policy.status();
     if (*policy == nullptr) return absl::InternalError("policy factory returned null");
     host.policy = std::move(*policy);
+    host.policy->SetRank(static_cast<uint16_t>(h));
     for (size_t t = 0; t < num_layers; ++t) {
       if (profile_.layers[t].param_bytes == 0) continue;
       host.policy->RegisterTensor(TensorSpec{
@@ -858,6 +861,7 @@ void Engine::Commit(int host_id, const Dispatch& d, TimeNs now) {
       m.bytes += s.length;
     }
     m.iteration = m.segments.front().iteration;
+    m.decision = hosts_[host_id].policy->Decision();
     ++rec.pending_messages;
     hosts_[host_id].uplink_fifo.push_back(id);
   }
@@ -893,6 +897,9 @@ void Engine::Deliver(int64_t msg_id, TimeNs now) {
   const int src = messages_[msg_id].src;
   const int dst = messages_[msg_id].dst;
   const size_t count = messages_[msg_id].segments.size();
+  if (hosts_[dst].policy != nullptr && messages_[msg_id].dispatch >= 0) {
+    hosts_[dst].policy->OnPeerDecision(messages_[msg_id].decision, now);
+  }
   for (size_t i = 0; i < count && error_.ok(); ++i) {
     const Segment s = messages_[msg_id].segments[i];
     const uint32_t t = KeyTensor(s.key);

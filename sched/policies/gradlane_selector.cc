@@ -1,0 +1,226 @@
+#include "sched/policies/gradlane_selector.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradlane::sched {
+
+absl::StatusOr<std::unique_ptr<GradlaneSelector>> GradlaneSelector::Create(
+    const PolicyConfig& config) {
+  std::vector<Candidate> candidates;
+  for (std::string_view name : kGradlaneCandidates) {
+    PolicyConfig c = config;
+    c.name = std::string(name);
+    // P3's point is its small partitions: the job's keys (what partition_bytes carries) cut it
+    // only where they are finer, as they cut every policy whose own partitions are coarser.
+    if (name == "p3") {
+      const uint64_t own = DefaultPartitionBytes(name, DType::kF32);
+      c.partition_bytes = c.partition_bytes == 0 ? own : std::min(c.partition_bytes, own);
+    }
+    auto policy = MakePolicy(c);
+    if (!policy.ok()) {
+      return absl::Status(policy.status().code(),
+                          absl::StrCat("gradlane candidate ", c.name, ": ", policy.status().message()));
+    }
+    candidates.push_back({c.name, *std::move(policy)});
+  }
+  return std::make_unique<GradlaneSelector>(std::move(candidates));
+}
+
+namespace {
+
+// The decision byte has room for 15 candidates.
+std::vector<GradlaneSelector::Candidate> FirstFifteen(
+    std::vector<GradlaneSelector::Candidate> candidates) {
+  if (candidates.size() > kCandidateMask) candidates.resize(kCandidateMask);
+  return candidates;
+}
+
+}  // namespace
+
+GradlaneSelector::GradlaneSelector(std::vector<Candidate> candidates)
+    : candidates_(FirstFifteen(std::move(candidates))),
+      in_flight_(candidates_.size(), 0),
+      scores_(candidates_.size(), kNever),
+      scored_(candidates_.size(), 0) {}
+
+void GradlaneSelector::RegisterTensor(const TensorSpec& tensor) {
+  for (Candidate& c : candidates_) c.policy->RegisterTensor(tensor);
+}
+
+void GradlaneSelector::OnLinkEstimate(double bytes_per_s, TimeNs rtt) {
+  // Every candidate keeps its estimates current, so that one chosen later starts from them.
+  for (Candidate& c : candidates_) c.policy->OnLinkEstimate(bytes_per_s, rtt);
+}
+
+size_t GradlaneSelector::TrialCandidate(int64_t iteration) const {
+  const int64_t trial = (iteration - trials_from_) / kTrialIterations;
+  return static_cast<size_t>(std::min<int64_t>(trial, static_cast<int64_t>(candidates_.size())));
+}
+
+void GradlaneSelector::Choose() {
+  size_t best = 0;
+  bool any = false;
+  for (size_t i = 0; i < scores_.size(); ++i) {
+    if (scored_[i] != kScoredIterations) continue;  // a skipped iteration index
+    if (!any || scores_[i] < scores_[best]) best = i;
+    any = true;
+  }
+  Activate(best);
+  chosen_score_ = any ? scores_[best] : kNever;
+  std::fill(scored_.begin(), scored_.end(), 0);
+  exploring_ = false;
+  drifted_ = 0;
+  ++explorations_;
+}
+
+void GradlaneSelector::StartIteration(int64_t iteration, TimeNs now) {
+  if (!started_) {
+    started_ = true;
+    trials_from_ = iteration + 1;  // the first iteration warms the estimates up
+  } else if (iteration == iteration_ + 1) {
+    const TimeNs period = now - iteration_start_;
+    if (exploring_) {
+      const int64_t into = iteration_ - trials_from_;
+      const size_t c = TrialCandidate(iteration_);
+      if (into >= 0 && c < scores_.size() &&
+          into % kTrialIterations >= kTrialIterations - kScoredIterations) {
+        scores_[c] = (scored_[c] == 0 ? 0 : scores_[c]) + period;
+        ++scored_[c];
+      }
+    } else if (chosen_score_ != kNever) {
+      const double chosen = static_cast<double>(chosen_score_) / kScoredIterations;
+      const double off = static_cast<double>(period) - chosen;
+      drifted_ = std::abs(off) > kDriftShare * chosen ? drifted_ + 1 : 0;
+      if (drifted_ >= kDriftIterations) {
+        exploring_ = true;
+        trials_from_ = (iteration / kTrialAlignIterations + 1) * kTrialAlignIterations;
+        std::fill(scores_.begin(), scores_.end(), kNever);
+        std::fill(scored_.begin(), scored_.end(), 0);
+        drifted_ = 0;
+      }
+    }
+  }
+  iteration_ = iteration;
+  iteration_start_ = now;
+  if (!exploring_ || iteration < trials_from_) return;
+  const size_t c = TrialCandidate(iteration);
+  if (c < candidates_.size()) {
+    Activate(c);
+  } else {
+    Choose();
+  }
+}
+
+void GradlaneSelector::Activate(size_t candidate) {
+  if (candidate == active_) return;
+  active_ = candidate;
+  epoch_ = (epoch_ + 1) & kEpochMask;
+}
+
+uint8_t GradlaneSelector::Decision() const {
+  if (!leader()) return adopted_;
+  return static_cast<uint8_t>(kDecisionValid | epoch_ << kEpochShift | active_);
+}
+
+void GradlaneSelector::OnPeerDecision(uint8_t decision, TimeNs /*now*/) {
+  if (leader() || (decision & kDecisionValid) == 0 || decision == adopted_) return;
+  const size_t candidate = decision & kCandidateMask;
+  if (candidate >= candidates_.size()) return;  // a build with other candidates: ignored
+  const uint8_t epoch = (decision >> kEpochShift) & kEpochMask;
+  const uint8_t ours = (adopted_ >> kEpochShift) & kEpochMask;
+  // Older stamps still arrive (messages committed before the switch, or relayed by a peer
+  // that has not heard yet): only a newer epoch, within half the epoch space, is followed.
+  const uint8_t ahead = (epoch - ours) & kEpochMask;
+  if (adopted_ != 0 && (ahead == 0 || ahead > kEpochMask / 2 + 1)) return;
+  adopted_ = decision;
+  active_ = candidate;
+}
+
+void GradlaneSelector::OnReady(const ReadyRange& range, TimeNs now) {
+  // A host's own pushes of an iteration come before any pull of it (a shard pulls a key only
+  // once this host's contribution is in), so the first push marks the iteration's start.
+  if (leader() && range.direction == Direction::kPush &&
+      (!started_ || range.iteration > iteration_)) {
+    StartIteration(range.iteration, now);
+  }
+  candidates_[active_].policy->OnReady(range, now);
+}
+
+bool GradlaneSelector::NextDispatch(TimeNs now, Dispatch& out) {
+  // What a candidate switched away from still holds is older (the previous iteration's pulls):
+  // it goes first, under that candidate's own window.
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    if (i == active_ || candidates_[i].policy->queued_segments() == 0) continue;
+    if (candidates_[i].policy->NextDispatch(now, out)) {
+      in_flight_[i] += out.bytes;
+      return true;
+    }
+  }
+  // One window at a time: the active candidate starts once the others' bytes are acknowledged,
+  // so what is committed never exceeds one candidate's window (a switch costs one round trip).
+  if (OthersHoldBytes()) {
+    out.segments.clear();
+    out.bytes = 0;
+    return false;
+  }
+  if (!candidates_[active_].policy->NextDispatch(now, out)) return false;
+  in_flight_[active_] += out.bytes;
+  return true;
+}
+
+bool GradlaneSelector::OthersHoldBytes() const {
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    if (i != active_ && (in_flight_[i] > 0 || candidates_[i].policy->queued_segments() > 0)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void GradlaneSelector::OnAcked(uint64_t bytes, TimeNs now) {
+  uint64_t left = bytes;
+  for (size_t i = 0; i < candidates_.size() && left > 0; ++i) {
+    if (i == active_ || in_flight_[i] == 0) continue;
+    const uint64_t share = std::min(left, in_flight_[i]);
+    in_flight_[i] -= share;
+    left -= share;
+    candidates_[i].policy->OnAcked(share, now);
+  }
+  if (left == 0) return;
+  // Anything beyond what the active candidate lent is the caller's mistake; the candidate's
+  // own window clamps it (and counts it, where it does).
+  in_flight_[active_] -= std::min(left, in_flight_[active_]);
+  candidates_[active_].policy->OnAcked(left, now);
+}
+
+TimeNs GradlaneSelector::NextWakeup(TimeNs now) const {
+  if (OthersHoldBytes()) {
+    // Only what the others queued can go before an ack arrives.
+    TimeNs wake = kNever;
+    for (size_t i = 0; i < candidates_.size(); ++i) {
+      const Policy& p = *candidates_[i].policy;
+      if (i != active_ && p.queued_segments() > 0) wake = std::min(wake, p.NextWakeup(now));
+    }
+    return wake;
+  }
+  const Policy& active = *candidates_[active_].policy;
+  return active.queued_segments() > 0 ? active.NextWakeup(now) : kNever;
+}
+
+size_t GradlaneSelector::queued_segments() const {
+  size_t n = 0;
+  for (const Candidate& c : candidates_) n += c.policy->queued_segments();
+  return n;
+}
+
+uint64_t GradlaneSelector::credit_in_use() const {
+  uint64_t n = 0;
+  for (uint64_t b : in_flight_) n += b;
+  return n;
+}
+
+}  // namespace gradlane::sched

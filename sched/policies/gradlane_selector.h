@@ -1,0 +1,155 @@
+// sched/policies/gradlane_selector.h — the `gradlane` policy's outer loop: it runs several
+// complete schedules (candidates) one after another for a few training iterations each, times
+// every iteration on this host, and keeps the candidate whose iteration was shortest; it tries
+// them all again when the iteration time drifts (a new link rate, a new ready pattern).
+//
+// Why an outer loop over whole schedules. gradlane's rules (gradlane.h: message size, fusion
+// and window from the measured rate, RTT and θ) have the lowest mean over every profile, link
+// and world size we simulate, but on 55 of 270 rows one of the papers' schedules was more than
+// 1% faster, and which one changes from row to row (prophet's blocks on some, fifo's whole
+// tensors on others, p3's stop-and-wait on a few): what wins depends on the whole network
+// (incast at the shards, how many receivers share a downlink), which no host measures. The
+// iteration time does measure it, and training repeats the same iteration thousands of times:
+// ByteScheduler tunes its (partition, credit) the same way, by trying settings on the running
+// job (its §4.3), and a try costs a couple of iterations of a job's thousands. A search over
+// every knob (the BO tuner) needs tens of trials; a choice among a handful of schedules, each
+// good somewhere, needs one trial each.
+//
+// Agreement. Every host must run the same candidate: mixing them costs more than any one of
+// them (resnet50, 1 Gbit/s, W = 8, ρ = 1: hosts choosing by their own clocks picked three
+// different candidates and were 14% slower than either). Each host's iteration periods are
+// the job's on average, but iteration by iteration they differ by up to 10% between hosts
+// (each starts when its own pulls are in), so each host measuring for itself cannot agree.
+// Hence one host decides: rank 0 (the leader) runs the trials and the choice from its own
+// clock, and every data message a host sends carries its current decision, one byte
+// (Decision(): valid bit, a 3-bit epoch bumped on every switch, the candidate). A follower
+// runs whatever decision it heard last with a newer epoch, from any peer, and stamps its own
+// messages with it, so the decision also travels around an all-reduce ring where only rank 1
+// hears rank 0. Followers switch within a message's delay of the leader; they measure nothing.
+//
+// How the leader decides:
+//  * Iteration starts: the first push of iteration k that reaches this policy starts it; its
+//    period is the time to the first push of k + 1 (with a per-layer forward pass, one full
+//    iteration of the synchronous job).
+//  * Trials: the job's first iteration warms every estimate with candidate 0 and is not
+//    measured. Then each candidate runs kTrialIterations iterations; its score is the period of
+//    its last one (the first absorbs what the previous candidate left queued).
+//  * Choice: the candidate with the smallest score; a candidate whose trial iteration was not
+//    seen (a skipped iteration index) is not chosen. Candidate 0 (gradlane's rules) wins ties.
+//  * Drift: once chosen, a period more than kDriftShare away from the chosen score's mean on
+//    kDriftIterations consecutive iterations starts the trials again, at the next iteration
+//    that is a multiple of kTrialAlignIterations.
+//  * Switching: ranges go to the active candidate at once; a candidate that was switched away
+//    from keeps what it had queued and sends it first (it is older: the previous iteration's
+//    pulls), under its own window, and the active one starts sending once all of that is
+//    acknowledged, so that no more than one candidate's window is ever in flight. An ack carries
+//    only a byte count, so acks go to the inactive candidates' bytes in flight first (they
+//    are older), each capped at what it has in flight, the rest to the active one: every
+//    candidate's credit is conserved and none is returned more than it lent.
+//
+// Thread rules and allocation: as Policy (one owner thread). The candidates are built once;
+// after every candidate has run once, OnReady/NextDispatch/OnAcked allocate nothing.
+#ifndef GRADLANE_SCHED_POLICIES_GRADLANE_SELECTOR_H_
+#define GRADLANE_SCHED_POLICIES_GRADLANE_SELECTOR_H_
+
+#include <cstdint>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "sched/policy.h"
+
+namespace gradlane::sched {
+
+// The candidates MakePolicy("gradlane") tries, in trial order: gradlane's rules first (they
+// win ties and run the warm-up iteration), then the papers' schedules.
+inline constexpr std::string_view kGradlaneCandidates[] = {"gradlane-rules", "prophet",
+                                                           "bytescheduler", "fifo", "p3"};
+inline constexpr int64_t kTrialIterations = 3;
+// The score is the time of a trial's last kScoredIterations iterations.
+inline constexpr int64_t kScoredIterations = 2;
+inline constexpr double kDriftShare = 0.2;
+inline constexpr int kDriftIterations = 3;
+inline constexpr int64_t kTrialAlignIterations = 8;
+// The decision byte (Policy::Decision): kDecisionValid | epoch << kEpochShift | candidate.
+inline constexpr uint8_t kDecisionValid = 0x80;
+inline constexpr uint8_t kEpochShift = 4;
+inline constexpr uint8_t kEpochMask = 0x7;
+inline constexpr uint8_t kCandidateMask = 0xf;
+static_assert(std::size(kGradlaneCandidates) <= kCandidateMask);
+
+class GradlaneSelector final : public Policy {
+ public:
+  struct Candidate {
+    std::string name;
+    std::unique_ptr<Policy> policy;
+  };
+
+  // Builds kGradlaneCandidates from `config` (each as MakePolicy would build it by that name).
+  static absl::StatusOr<std::unique_ptr<GradlaneSelector>> Create(const PolicyConfig& config);
+  // Any candidates, in trial order (tests). Requires at least one; keeps the first 15.
+  explicit GradlaneSelector(std::vector<Candidate> candidates);
+
+  std::string_view name() const override { return "gradlane"; }
+  void RegisterTensor(const TensorSpec& tensor) override;
+  void OnReady(const ReadyRange& range, TimeNs now) override;
+  bool NextDispatch(TimeNs now, Dispatch& out) override;
+  void OnAcked(uint64_t bytes, TimeNs now) override;
+  TimeNs NextWakeup(TimeNs now) const override;
+  void OnLinkEstimate(double bytes_per_s, TimeNs rtt) override;
+  size_t queued_segments() const override;
+  uint64_t credit_in_use() const override;
+  void SetRank(uint16_t rank) override { rank_ = rank; }
+  uint8_t Decision() const override;
+  void OnPeerDecision(uint8_t decision, TimeNs now) override;
+
+  // Introspection (metrics, tests, the simulator's report).
+  size_t active() const { return active_; }
+  std::string_view active_name() const { return candidates_[active_].name; }
+  std::string_view schedule() const override { return active_name(); }
+  bool exploring() const { return exploring_; }
+  bool leader() const { return rank_ == 0; }
+  // The latest trials' score of each candidate (the time of its last kScoredIterations
+  // iterations); kNever before its trial, and not chosen if an iteration of it was skipped.
+  TimeNs score(size_t candidate) const { return scores_[candidate]; }
+  // How many times the trials ran (1 after the first round).
+  uint32_t explorations() const { return explorations_; }
+  size_t candidate_count() const { return candidates_.size(); }
+  const Policy& candidate(size_t i) const { return *candidates_[i].policy; }
+
+ private:
+  void StartIteration(int64_t iteration, TimeNs now);
+  // Which candidate runs iteration `iteration` of the current trials (candidate_count() when
+  // the trials are over).
+  size_t TrialCandidate(int64_t iteration) const;
+  void Choose();
+  // The leader's switch to `candidate` (a new epoch if it differs).
+  void Activate(size_t candidate);
+  // Whether a candidate other than the active one has bytes queued or in flight.
+  bool OthersHoldBytes() const;
+
+  std::vector<Candidate> candidates_;
+  std::vector<uint64_t> in_flight_;  // bytes dispatched and not yet acked, per candidate
+  std::vector<TimeNs> scores_;   // the sum of each candidate's scored periods
+  std::vector<int64_t> scored_;  // how many periods scores_ holds
+  size_t active_ = 0;
+  uint16_t rank_ = 0;
+  uint8_t epoch_ = 0;    // the leader's
+  uint8_t adopted_ = 0;  // a follower's latest decision heard (0: none yet)
+
+  bool started_ = false;
+  int64_t iteration_ = 0;     // the latest iteration started on this host
+  TimeNs iteration_start_ = 0;
+  bool exploring_ = true;
+  int64_t trials_from_ = 0;   // the iteration the current trials' first candidate starts in
+  TimeNs chosen_score_ = kNever;
+  int drifted_ = 0;           // consecutive periods beyond kDriftShare of chosen_score_
+  uint32_t explorations_ = 0;
+};
+
+}  // namespace gradlane::sched
+
+#endif  // GRADLANE_SCHED_POLICIES_GRADLANE_SELECTOR_H_

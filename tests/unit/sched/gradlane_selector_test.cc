@@ -1,0 +1,267 @@
+// Unit tests of gradlane's outer loop (sched/policies/gradlane_selector.h): the leader tries
+// every candidate and keeps the fastest, tries again when the iteration time drifts, followers
+// run the leader's decision (and only a newer one), and a switch never puts two candidates'
+// windows in flight at once nor loses or repeats a byte.
+#include "sched/policies/gradlane_selector.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/unit/heap_counter.h"
+
+namespace gradlane::sched {
+namespace {
+
+constexpr uint64_t kTensorBytes = 1 << 20;
+constexpr uint64_t kCredit = 256 << 10;
+
+ReadyRange Push(int64_t iteration, uint16_t peer = 1, uint32_t tensor = 0) {
+  ReadyRange r;
+  r.tensor_id = tensor;
+  r.peer = peer;
+  r.iteration = iteration;
+  r.tensor_bytes = kTensorBytes;
+  r.length = kTensorBytes;
+  return r;
+}
+
+// Candidates "a", "b", "c": bytescheduler with a small window, so that each holds a backlog.
+std::unique_ptr<GradlaneSelector> MakeSelector(int count = 3) {
+  std::vector<GradlaneSelector::Candidate> candidates;
+  for (int i = 0; i < count; ++i) {
+    PolicyConfig c;
+    c.name = "bytescheduler";
+    c.partition_bytes = 64 << 10;
+    c.credit_bytes = kCredit;
+    auto p = MakePolicy(c);
+    EXPECT_TRUE(p.ok()) << p.status();
+    candidates.push_back({std::string(1, static_cast<char>('a' + i)), *std::move(p)});
+  }
+  auto s = std::make_unique<GradlaneSelector>(std::move(candidates));
+  s->RegisterTensor({0, kTensorBytes, DType::kF32, 0});
+  return s;
+}
+
+// Sends everything queued and acknowledges it at once (a link with no delay).
+uint64_t Drain(Policy& p, TimeNs now) {
+  Dispatch d;
+  uint64_t sent = 0;
+  for (int guard = 0; p.queued_segments() > 0 || p.credit_in_use() > 0; ++guard) {
+    EXPECT_LT(guard, 100000) << "no progress";
+    if (guard >= 100000) break;
+    uint64_t batch = 0;
+    while (p.NextDispatch(now, d)) batch += d.bytes;
+    if (batch == 0 && p.credit_in_use() == 0) break;
+    p.OnAcked(batch, now);
+    sent += batch;
+  }
+  return sent;
+}
+
+// Runs iterations [from, to) on `s`: iteration k starts at `*now`, and lasts what `duration`
+// says for the candidate active in it. Returns the candidate of each iteration.
+std::vector<std::string> RunIterations(GradlaneSelector& s, int64_t from, int64_t to, TimeNs* now,
+                             const std::map<std::string, TimeNs>& duration) {
+  std::vector<std::string> ran;
+  for (int64_t k = from; k < to; ++k) {
+    s.OnReady(Push(k), *now);
+    ran.emplace_back(s.active_name());
+    EXPECT_EQ(Drain(s, *now), kTensorBytes);
+    *now += duration.at(std::string(s.active_name()));
+  }
+  return ran;
+}
+
+TEST(GradlaneSelectorTest, TriesEveryCandidateThenKeepsTheFastest) {
+  auto s = MakeSelector();
+  EXPECT_TRUE(s->leader());
+  TimeNs now = kSecond;
+  const std::map<std::string, TimeNs> duration = {
+      {"a", 100 * kMillisecond}, {"b", 60 * kMillisecond}, {"c", 80 * kMillisecond}};
+  // Iteration 5 warms up with the first candidate, then three iterations each.
+  const std::vector<std::string> ran = RunIterations(*s, 5, 18, &now, duration);
+  const std::vector<std::string> expected = {"a", "a", "a", "a", "b", "b", "b",
+                                             "c", "c", "c", "b", "b", "b"};
+  EXPECT_EQ(ran, expected);
+  EXPECT_FALSE(s->exploring());
+  EXPECT_EQ(s->explorations(), 1u);
+  // Each score is the time of the trial's last two iterations.
+  EXPECT_EQ(s->score(0), 200 * kMillisecond);
+  EXPECT_EQ(s->score(1), 120 * kMillisecond);
+  EXPECT_EQ(s->score(2), 160 * kMillisecond);
+}
+
+TEST(GradlaneSelectorTest, TheFirstCandidateWinsATie) {
+  auto s = MakeSelector();
+  TimeNs now = 0;
+  RunIterations(*s, 0, 12, &now,
+      {{"a", 70 * kMillisecond}, {"b", 70 * kMillisecond}, {"c", 70 * kMillisecond}});
+  EXPECT_FALSE(s->exploring());
+  EXPECT_EQ(s->active_name(), "a");
+}
+
+TEST(GradlaneSelectorTest, ACandidateWithASkippedIterationIsNotChosen) {
+  auto s = MakeSelector();
+  TimeNs now = 0;
+  const std::map<std::string, TimeNs> d = {
+      {"a", 100 * kMillisecond}, {"b", 60 * kMillisecond}, {"c", 80 * kMillisecond}};
+  RunIterations(*s, 0, 5, &now, d);   // warm-up, a's trial, b's first iteration
+  RunIterations(*s, 6, 12, &now, d);  // iteration 5 (one of b's scored ones) never came
+  EXPECT_FALSE(s->exploring());
+  EXPECT_EQ(s->active_name(), "c");
+}
+
+TEST(GradlaneSelectorTest, ADriftingIterationTimeStartsTheTrialsAgain) {
+  auto s = MakeSelector();
+  TimeNs now = 0;
+  RunIterations(*s, 0, 12, &now,
+      {{"a", 100 * kMillisecond}, {"b", 60 * kMillisecond}, {"c", 80 * kMillisecond}});
+  ASSERT_EQ(s->active_name(), "b");
+  // A 10% change is noise: no new trials.
+  RunIterations(*s, 12, 20, &now,
+      {{"a", 100 * kMillisecond}, {"b", 66 * kMillisecond}, {"c", 80 * kMillisecond}});
+  EXPECT_FALSE(s->exploring());
+  // The link got slower for b, and a is now the fastest: after three drifted iterations the
+  // trials start again at the next multiple of kTrialAlignIterations (24; the third drifted
+  // period, iteration 22's, is known when 23 starts), and a wins.
+  const std::map<std::string, TimeNs> slower = {
+      {"a", 90 * kMillisecond}, {"b", 120 * kMillisecond}, {"c", 150 * kMillisecond}};
+  RunIterations(*s, 20, 23, &now, slower);
+  EXPECT_FALSE(s->exploring()) << "two drifted periods (iterations 20, 21) are not yet a drift";
+  const std::vector<std::string> ran = RunIterations(*s, 23, 34, &now, slower);
+  const std::vector<std::string> expected = {"b", "a", "a", "a", "b", "b",
+                                             "b", "c", "c", "c", "a"};
+  EXPECT_EQ(ran, expected);
+  EXPECT_FALSE(s->exploring());
+  EXPECT_EQ(s->explorations(), 2u);
+}
+
+TEST(GradlaneSelectorTest, FollowersRunTheLeadersDecision) {
+  auto leader = MakeSelector();
+  auto follower = MakeSelector();
+  follower->SetRank(2);
+  EXPECT_FALSE(follower->leader());
+  EXPECT_EQ(follower->Decision(), 0) << "a follower has nothing to relay before it hears";
+  TimeNs now = 0;
+  const std::map<std::string, TimeNs> d = {
+      {"a", 100 * kMillisecond}, {"b", 60 * kMillisecond}, {"c", 80 * kMillisecond}};
+  std::vector<uint8_t> heard;
+  for (int64_t k = 0; k < 12; ++k) {
+    RunIterations(*leader, k, k + 1, &now, d);
+    // The follower measures nothing: its own (different) iteration times change nothing.
+    follower->OnReady(Push(k, 0), now + k * kMillisecond);
+    Drain(*follower, now);
+    follower->OnPeerDecision(leader->Decision(), now);
+    heard.push_back(leader->Decision());
+    EXPECT_EQ(follower->active(), leader->active()) << "iteration " << k;
+    EXPECT_EQ(follower->Decision(), leader->Decision()) << "it relays what it runs";
+  }
+  ASSERT_EQ(follower->active_name(), "b");
+  // Stamps of messages committed before the last switch still arrive: ignored.
+  for (uint8_t old : heard) follower->OnPeerDecision(old, now);
+  EXPECT_EQ(follower->active_name(), "b");
+  // Nothing to agree on (another policy), or a candidate this build does not have: ignored.
+  follower->OnPeerDecision(0, now);
+  follower->OnPeerDecision(static_cast<uint8_t>(kDecisionValid | 7 << kEpochShift | 9), now);
+  EXPECT_EQ(follower->active_name(), "b");
+  // The leader ignores every stamp: it decides.
+  leader->OnPeerDecision(heard.front(), now);
+  EXPECT_EQ(leader->active_name(), "b");
+}
+
+TEST(GradlaneSelectorTest, ASwitchKeepsOneWindowInFlightAndLosesNoByte) {
+  auto s = MakeSelector(2);
+  TimeNs now = 0;
+  // Warm-up and a's trial with a backlog left at each iteration's end.
+  for (int64_t k = 0; k < 4; ++k) {
+    s->OnReady(Push(k), now);
+    Drain(*s, now);
+    now += 100 * kMillisecond;
+  }
+  ASSERT_EQ(s->active_name(), "a");
+  // Iteration 4 goes to b while a still holds a whole tensor of iteration 3 (a late pull).
+  s->OnReady(Push(3, 2, 0), now);
+  s->OnReady(Push(4), now);
+  ASSERT_EQ(s->active_name(), "b");
+  EXPECT_GT(s->candidate(0).queued_segments(), 0u);
+  EXPECT_GT(s->candidate(1).queued_segments(), 0u);
+  Dispatch d;
+  std::map<std::pair<int64_t, uint16_t>, uint64_t> sent;
+  std::vector<uint64_t> unacked;
+  for (int guard = 0; s->queued_segments() > 0 || !unacked.empty(); ++guard) {
+    ASSERT_LT(guard, 100000);
+    while (s->NextDispatch(now, d)) {
+      for (const Segment& seg : d.segments) sent[{seg.iteration, seg.peer}] += seg.length;
+      // b's iteration 4 only once a's bytes are all acknowledged.
+      if (d.segments.front().iteration == 4) {
+        EXPECT_EQ(s->candidate(0).credit_in_use(), 0u);
+        EXPECT_EQ(s->candidate(0).queued_segments(), 0u);
+      }
+      unacked.push_back(d.bytes);
+      EXPECT_LE(s->credit_in_use(), kCredit);
+    }
+    ASSERT_FALSE(unacked.empty()) << "deadlock";
+    // Acks out of order: the newest first.
+    s->OnAcked(unacked.back(), now);
+    unacked.pop_back();
+    now += kMicrosecond;
+  }
+  EXPECT_EQ(s->credit_in_use(), 0u);
+  EXPECT_EQ(s->candidate(0).credit_in_use(), 0u);
+  EXPECT_EQ(s->candidate(1).credit_in_use(), 0u);
+  EXPECT_EQ((sent[{3, 2}]), kTensorBytes);
+  EXPECT_EQ((sent[{4, 1}]), kTensorBytes);
+  EXPECT_EQ(s->NextWakeup(now), kNever);
+}
+
+TEST(GradlaneSelectorTest, MakePolicyBuildsEveryCandidate) {
+  PolicyConfig c;
+  c.name = "gradlane";
+  c.partition_bytes = 1 << 20;
+  auto p = MakePolicy(c);
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto* s = dynamic_cast<GradlaneSelector*>(p->get());
+  ASSERT_NE(s, nullptr);
+  ASSERT_EQ(s->candidate_count(), std::size(kGradlaneCandidates));
+  for (size_t i = 0; i < s->candidate_count(); ++i) {
+    EXPECT_EQ(s->candidate(i).name(), kGradlaneCandidates[i]);
+  }
+  EXPECT_EQ(s->active_name(), "gradlane-rules");
+  EXPECT_EQ(s->Decision(), kDecisionValid) << "epoch 0, candidate 0";
+  // A bad knob names the candidate that refused it.
+  c.credit_bytes = uint64_t{1} << 41;
+  auto bad = MakePolicy(c);
+  EXPECT_FALSE(bad.ok());
+}
+
+TEST(GradlaneSelectorTest, NoAllocationOnceEveryCandidateHasRun) {
+  auto s = MakeSelector();
+  TimeNs now = 0;
+  const std::map<std::string, TimeNs> d = {
+      {"a", 100 * kMillisecond}, {"b", 60 * kMillisecond}, {"c", 80 * kMillisecond}};
+  RunIterations(*s, 0, 14, &now, d);
+  ASSERT_FALSE(s->exploring());
+  Dispatch dispatch;
+  dispatch.segments.reserve(1024);
+  auto iteration = [&](int64_t k, TimeNs length) {
+    s->OnReady(Push(k), now);
+    for (int guard = 0; s->queued_segments() > 0 && guard < 100000; ++guard) {
+      uint64_t batch = 0;
+      while (s->NextDispatch(now, dispatch)) batch += dispatch.bytes;
+      s->OnAcked(batch, now);
+    }
+    now += length;
+  };
+  // Drift (b slows down) makes it try every candidate again, which must not allocate either.
+  const uint64_t before = gradlane_test::HeapAllocations();
+  for (int64_t k = 14; k < 40; ++k) iteration(k, k < 20 ? 60 * kMillisecond : 200 * kMillisecond);
+  EXPECT_EQ(gradlane_test::HeapAllocations() - before, 0u);
+  EXPECT_EQ(s->explorations(), 2u);
+  EXPECT_EQ(s->queued_segments(), 0u);
+}
+
+}  // namespace
+}  // namespace gradlane::sched
