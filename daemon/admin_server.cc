@@ -54,6 +54,7 @@ json JobsJson(const TelemetryState& st) {
               {"rank", j.rank},
               {"world", j.world},
               {"policy", j.policy},
+              {"schedule", j.schedule},
               {"mode", j.mode},
               {"phase", j.phase},
               {"tensors", j.tensors},
@@ -120,6 +121,7 @@ json QueuesJson(const TelemetryState& st) {
     }
     jobs.push_back({{"job", j.id},
                     {"policy", j.policy},
+                    {"schedule", j.schedule},
                     {"queued_segments", j.queued_segments},
                     {"credit_in_use_bytes", j.credit_in_use},
                     {"credit_window_bytes", j.credit_window},

@@ -102,6 +102,7 @@ JobError JobRuntime::SetUp_st(Session& session, TimeNs now) {
     return {GL_E_INVALID_ARGUMENT, absl::StrCat("job ", id, ": ", policy.status().message())};
   }
   policy_ = std::move(*policy);
+  policy_->SetRank(plan_.rank);
   for (JobTensor& t : plan_.tensors) {
     auto_priority_.Register(t.spec.id);
     policy_->RegisterTensor(t.spec);
@@ -575,6 +576,9 @@ void JobRuntime::OnRecvDone_st(const transport::PeerInfo& peer, const transport:
   }
   Part* p = plan_.PartAt(sched::KeyTensor(h.key), h.offset);
   if (p == nullptr) return;
+  if (policy_ != nullptr) {
+    policy_->OnPeerDecision(static_cast<uint8_t>(h.flags >> transport::kFlagScheduleShift), now);
+  }
   if (Telemetry* tm = telemetry()) {
     tm->Received_st(telemetry_tag(), static_cast<sched::Direction>(h.direction),
                     static_cast<uint16_t>(r), h.priority, {h.key, h.iteration, h.offset, h.length},
@@ -663,6 +667,7 @@ void JobRuntime::FillSnapshot_st(JobSnapshot& js, bool client_present) {
   js.rank = plan_.rank;
   js.world = plan_.world;
   js.policy = plan_.policy_name;
+  if (policy_ != nullptr) js.schedule = std::string(policy_->schedule());
   js.mode = ModeName(plan_.mode);
   if (failed_ && fail_status_ == GL_E_DISCONNECTED && worker_.posts_failed() == 0 &&
       !client_present) {

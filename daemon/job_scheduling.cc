@@ -68,6 +68,7 @@ bool JobRuntime::SendDispatch_st(uint32_t d, size_t from, TimeNs now) {
     spec.priority = seg.priority;
     spec.dtype = seg.dtype;
     spec.direction = seg.direction;
+    spec.schedule = policy_->Decision();
     const uint32_t tid = sched::KeyTensor(seg.key);
     Part* p = plan_.PartAt(tid, seg.offset);
     if (p == nullptr || seg.peer >= plan_.world || seg.peer == plan_.rank ||
@@ -155,6 +156,7 @@ void JobRuntime::TuneStep_st(TimeNs now) {
     auto p = sched::MakePolicy(policy_config_);
     if (p.ok()) {
       policy_ = std::move(*p);
+      policy_->SetRank(plan_.rank);
       for (JobTensor& t : plan_.tensors) policy_->RegisterTensor(t.spec);
       dispatches_.clear();
       free_dispatches_.clear();

@@ -319,14 +319,15 @@ std::vector<MetricFamily> CollectMetrics(TelemetryHub& hub) {
     };
     {
       MetricFamily& f = fs.Family("gradlane_job_info",
-                                  "one series per job (value 1): policy, mode, rank, world size, "
-                                  "phase",
+                                  "one series per job (value 1): policy, the schedule it runs now, "
+                                  "mode, rank, world size, phase",
                                   MetricType::Gauge);
       for (const JobSnapshot& j : snap.jobs) {
         fs.Gauge(f,
                  {{"job_id", j.id},
                   {"phase", j.phase},
                   {"policy", j.policy},
+                  {"schedule", j.schedule},
                   {"mode", j.mode},
                   {"rank", absl::StrCat(j.rank)},
                   {"world", absl::StrCat(j.world)}},

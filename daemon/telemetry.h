@@ -145,8 +145,9 @@ struct JobSnapshot {
   uint16_t rank = 0;
   uint16_t world = 0;
   std::string policy;
-  std::string mode;   // "ps" or "allreduce"
-  std::string phase;  // connecting | active | draining | leaving | ended | failed
+  std::string mode;      // "ps" or "allreduce"
+  std::string schedule;  // what the policy runs now (Policy::schedule; gradlane: its choice)
+  std::string phase;     // connecting | active | draining | leaving | ended | failed
   std::string fail_reason;
   uint32_t tensors = 0;
   uint64_t total_bytes = 0;

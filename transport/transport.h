@@ -119,7 +119,8 @@ struct SendSpec {
   sched::Direction direction = sched::Direction::kPush;
   RegionId region = kNoRegion;  // payload = region base + region_offset, `length` bytes
   uint64_t region_offset = 0;
-  uint64_t cookie = 0;  // opaque to the transport; returned in the completion
+  uint64_t cookie = 0;   // opaque to the transport; returned in the completion
+  uint8_t schedule = 0;  // the sending policy's Decision(), carried in the flags' high byte
 };
 
 // A memory region a backend may send from or receive into; backends keep a table of these
@@ -160,6 +161,7 @@ inline FrameHeader MakeDataHeader(uint64_t job_id, uint16_t sender_rank, const S
   h.priority = spec.priority;
   h.dtype = static_cast<uint8_t>(spec.dtype);
   h.direction = static_cast<uint8_t>(spec.direction);
+  h.flags = static_cast<uint16_t>(spec.schedule << kFlagScheduleShift);
   return h;
 }
 

@@ -69,6 +69,9 @@ WireError CheckHeader(const FrameHeader& h, uint64_t max_data_bytes) {
   if ((h.flags & ~kKnownFlags) != 0) return WireError::kUnknownFlags;
   const FrameType type = TypeOf(h);
   if ((h.flags & kFlagAckRejected) != 0 && type != FrameType::kAck) return WireError::kUnknownFlags;
+  if ((h.flags & kFlagScheduleMask) != 0 && type != FrameType::kData) {
+    return WireError::kUnknownFlags;
+  }
   switch (type) {
     case FrameType::kHello:
       if (h.payload_bytes != kHelloBodyBytes) return WireError::kBadLength;

@@ -34,7 +34,7 @@ namespace gradlane::transport {
 // "GLNF" as bytes on the wire (0x47 0x4C 0x4E 0x46).
 inline constexpr uint32_t kFrameMagic = 0x464E4C47u;
 // Bumped on any incompatible change; peers must match exactly (no negotiation in v1).
-inline constexpr uint8_t kProtocolVersion = 1;
+inline constexpr uint8_t kProtocolVersion = 2;
 
 enum class FrameType : uint8_t {
   kHello = 1,    // dialer → acceptor: job, rank, auth token (HelloBody)
@@ -52,7 +52,12 @@ inline constexpr uint8_t kMaxFrameType = 6;
 // kFlagAckRejected (kAck only): the receiver had no destination for the segment and discarded
 // it; the sender must fail that send rather than count it delivered.
 inline constexpr uint16_t kFlagAckRejected = 1u << 0;
-inline constexpr uint16_t kKnownFlags = kFlagAckRejected;
+// The high byte of a kData frame's flags (version 2): the sending daemon's scheduling decision
+// (sched::Policy::Decision; gradlane's choice of schedule, agreed across the job's ranks:
+// sched/policies/gradlane_selector.h). 0 on every other type.
+inline constexpr int kFlagScheduleShift = 8;
+inline constexpr uint16_t kFlagScheduleMask = 0xff00;
+inline constexpr uint16_t kKnownFlags = kFlagAckRejected | kFlagScheduleMask;
 
 // The frame header. Field meaning per type is in docs/protocol.md; for kData/kAck the segment
 // fields mirror sched::Segment.

@@ -354,9 +354,9 @@ void PrintPeers(const json& r) {
 
 void PrintQueues(const json& r) {
   for (const json& j : Array(r, "jobs")) {
-    std::printf("job %s (%s): %s segments queued, credit %s in use (window %s)\n",
-                Str(j, "job").c_str(), Str(j, "policy").c_str(), Str(j, "queued_segments").c_str(),
-                Bytes(Num(j, "credit_in_use_bytes")).c_str(),
+    std::printf("job %s (%s, running %s): %s segments queued, credit %s in use (window %s)\n",
+                Str(j, "job").c_str(), Str(j, "policy").c_str(), Str(j, "schedule").c_str(),
+                Str(j, "queued_segments").c_str(), Bytes(Num(j, "credit_in_use_bytes")).c_str(),
                 Num(j, "credit_window_bytes") > 0 ? Bytes(Num(j, "credit_window_bytes")).c_str()
                                                   : "policy default");
     std::printf("  %-8s %12s %12s\n", "CLASS", "QUEUED", "SENT");

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "daemon/engine.h"
 #include "daemon/ps/half.h"
 #include "libclient/gradlane.h"
+#include "sched/policies/gradlane_selector.h"
 #include "tests/fakes/fake_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/verbs/registration_cache.h"
@@ -718,6 +720,64 @@ TEST_P(PolicyTest, ThreeRanksEveryDtypeAwkwardSizesBitExact) {
     }));
   }
 }
+
+// gradlane's choice among schedules is made by rank 0 and travels in the data frames' flags
+// (sched/policies/gradlane_selector.h): over a job long enough for every trial, rank 0's frames
+// name several schedules, and once it has chosen, every rank's frames carry its decision,
+// in parameter-server and all-reduce mode, with bit-exact results throughout.
+class ScheduleAgreementTest : public ::testing::TestWithParam<gl_job_mode> {};
+
+TEST_P(ScheduleAgreementTest, EveryRankRunsRankZerosChoice) {
+  const bool ring = GetParam() == GL_MODE_ALLREDUCE;
+  const std::string tag = ring ? "agree-ar" : "agree-ps";
+  Cluster cluster(3, TestOptions("gradlane"), tag);
+  std::mutex mu;
+  std::map<int64_t, std::set<std::pair<uint16_t, uint8_t>>> seen;  // iteration → (rank, byte)
+  cluster.TamperFrames([&](transport::FrameHeader& h) {
+    std::lock_guard<std::mutex> l(mu);
+    seen[h.iteration].insert(
+        {h.sender_rank, static_cast<uint8_t>(h.flags >> transport::kFlagScheduleShift)});
+  });
+  JobSpec job{tag,
+              3,
+              "gradlane",
+              "secret",
+              {{"a", 300 << 10, GL_DTYPE_F32, 0}, {"b", 70000, GL_DTYPE_BF16, 1}},
+              5};
+  job.mode = GetParam();
+  // One warm-up iteration, three for each of five candidates, then the choice from 16 on.
+  constexpr int kIterations = 20;
+  RunJob(cluster, job, kIterations, /*mean=*/false);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(cluster.Stats(i).jobs_failed, 0u) << "daemon " << i;
+  std::lock_guard<std::mutex> l(mu);
+  // Frames that no policy sent (manifests, leave) carry 0, as does a follower's before it has
+  // heard rank 0.
+  std::set<uint8_t> leader_bytes;
+  for (const auto& [it, stamps] : seen) {
+    for (const auto& [rank, byte] : stamps) {
+      if (rank == 0 && byte != 0) leader_bytes.insert(byte);
+    }
+  }
+  EXPECT_GE(leader_bytes.size(), std::size(sched::kGradlaneCandidates))
+      << "rank 0 tried every candidate";
+  for (int64_t it = kIterations - 2; it < kIterations; ++it) {
+    std::set<uint8_t> bytes;
+    std::set<uint16_t> ranks;
+    for (const auto& [rank, byte] : seen[it]) {
+      if (byte == 0) continue;
+      bytes.insert(byte);
+      ranks.insert(rank);
+    }
+    EXPECT_EQ(bytes.size(), 1u) << "iteration " << it << ": ranks disagree";
+    EXPECT_EQ(ranks.size(), 3u) << "iteration " << it << ": a rank sent no decision";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ScheduleAgreementTest,
+                         ::testing::Values(GL_MODE_PS, GL_MODE_ALLREDUCE),
+                         [](const ::testing::TestParamInfo<gl_job_mode>& info) {
+                           return info.param == GL_MODE_PS ? "ps" : "allreduce";
+                         });
 
 INSTANTIATE_TEST_SUITE_P(AllPolicies, PolicyTest,
                          ::testing::Values("fifo", "p3", "bytescheduler", "prophet", "gradlane"));

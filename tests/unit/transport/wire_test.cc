@@ -2,6 +2,8 @@
 // its own code.
 #include "transport/wire.h"
 
+#include "transport/transport.h"
+
 #include <cstring>
 #include <string>
 #include <vector>
@@ -96,6 +98,18 @@ TEST(WireCheck, WellFormedFramesPass) {
   EXPECT_TRUE(ValidateHeader(ValidData(), 1 << 20).ok());
 }
 
+TEST(WireCheck, DataFramesCarryTheSchedulingDecision) {
+  SendSpec spec;
+  spec.length = 64;
+  spec.schedule = 0x93;
+  const FrameHeader h = MakeDataHeader(7, 2, spec);
+  EXPECT_EQ(h.flags, 0x9300);
+  EXPECT_EQ(h.flags >> kFlagScheduleShift, 0x93);
+  EXPECT_EQ(CheckHeader(h, 1 << 20), WireError::kNone);
+  // The ack does not echo it.
+  EXPECT_EQ(MakeAckHeader(h, 4, false).flags, 0);
+}
+
 struct MalformedCase {
   const char* name;
   void (*mutate)(FrameHeader&);
@@ -105,11 +119,18 @@ struct MalformedCase {
 TEST(WireCheck, EachMalformedClassHasItsOwnCode) {
   const MalformedCase cases[] = {
       {"bad magic", [](FrameHeader& h) { h.magic = 0x12345678; }, WireError::kBadMagic},
-      {"version 2", [](FrameHeader& h) { h.version = 2; }, WireError::kBadVersion},
+      {"version 1", [](FrameHeader& h) { h.version = 1; }, WireError::kBadVersion},
+      {"version 3", [](FrameHeader& h) { h.version = 3; }, WireError::kBadVersion},
       {"version 0", [](FrameHeader& h) { h.version = 0; }, WireError::kBadVersion},
       {"type 0", [](FrameHeader& h) { h.type = 0; }, WireError::kBadType},
       {"type 7", [](FrameHeader& h) { h.type = 7; }, WireError::kBadType},
-      {"unknown flag", [](FrameHeader& h) { h.flags = 0x8000; }, WireError::kUnknownFlags},
+      {"unknown flag", [](FrameHeader& h) { h.flags = 0x0080; }, WireError::kUnknownFlags},
+      {"schedule byte on an ack",
+       [](FrameHeader& h) {
+         h = MakeAckHeader(h, 1, false);
+         h.flags = 0x9300;
+       },
+       WireError::kUnknownFlags},
       {"ack flag on data", [](FrameHeader& h) { h.flags = kFlagAckRejected; },
        WireError::kUnknownFlags},
       {"too long", [](FrameHeader& h) { h.length = h.payload_bytes = (1 << 20) + 1; },
