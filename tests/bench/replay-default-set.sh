@@ -18,8 +18,9 @@
 #                                     [--policies LIST]
 # (--mode, --priorities and --policies go to run-replay: e.g. the set in all-reduce mode with
 # PACE's priorities)
-# (default iterations: resnet50 2 warm-up + 6 measured, vgg16 2 + 3; --iterations/--warmup set
-# both models)
+# (default iterations: resnet50 6 measured, vgg16 3, after run-replay's warm-up: 2, or 18 for
+# gradlane, whose trials of its candidate schedules they cover; --iterations/--warmup set both
+# models)
 # Needs root (network namespaces; without them run-replay falls back to unshaped loopback and
 # says so). About 9 minutes on the 2-core development VM (docs/benchmarks.md).
 set -euo pipefail
@@ -30,7 +31,7 @@ main() {
   # 15 minutes; two warm-ups each (iteration 0 waits for nothing, so iteration 1 carries its
   # traffic too and is longer than the steady state).
   local out="" bdir=$root/build unshaped=1 transport=tcp dpdk=1 mode=ps prio=index policies=all
-  local -A iterations=([resnet50]=6 [vgg16]=3) warmup=([resnet50]=2 [vgg16]=2)
+  local -A iterations=([resnet50]=6 [vgg16]=3) warmup=([resnet50]="" [vgg16]="")
   while (($#)); do
     case $1 in
       --out) out=${2:?--out needs a directory}; shift 2 ;;
@@ -54,14 +55,14 @@ main() {
   local t0=$SECONDS rc=0 model
   {
     echo "# tests/bench/replay-default-set.sh --out $out --build $bdir --transport $transport --mode $mode --priorities $prio --policies $policies$( ((unshaped)) || echo ' --no-unshaped')" \
-      "(iterations: resnet50 ${warmup[resnet50]}+${iterations[resnet50]}, vgg16 ${warmup[vgg16]}+${iterations[vgg16]})"
+      "(iterations: resnet50 ${warmup[resnet50]:-default}+${iterations[resnet50]}, vgg16 ${warmup[vgg16]:-default}+${iterations[vgg16]})"
     echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(git -C "$root" log -1 --format='commit %h %s' 2>/dev/null | cut -c1-100)"
   } >"$out/default-set.txt"
   for model in resnet50 vgg16; do
     "$root/tests/bench/run-replay" --profile "$root/tests/data/models/$model.json" \
       --bandwidth "$bws" --workers 3 --policies "$policies" --transport "$transport" \
       --mode "$mode" --priorities "$prio" \
-      --iterations "${iterations[$model]}" --warmup "${warmup[$model]}" --build "$bdir" \
+      --iterations "${iterations[$model]}" ${warmup[$model]:+--warmup "${warmup[$model]}"} --build "$bdir" \
       --csv "$out/$model.csv" --per-iteration "$out/$model-iterations.csv" --keep "$out/raw-$model" \
       2>&1 | tee -a "$out/default-set.txt" || rc=1
   done
@@ -73,7 +74,7 @@ main() {
     "$root/tests/bench/run-replay" --profile "$root/tests/data/models/resnet50.json" \
       --bandwidth 1gbit,3gbit,10gbit --workers 3 --policies "$policies" --transport dpdk --no-calibrate \
       --mode "$mode" --priorities "$prio" \
-      --iterations "${iterations[resnet50]}" --warmup "${warmup[resnet50]}" --build "$bdir" \
+      --iterations "${iterations[resnet50]}" ${warmup[resnet50]:+--warmup "${warmup[resnet50]}"} --build "$bdir" \
       --csv "$out/resnet50-dpdk.csv" --per-iteration "$out/resnet50-dpdk-iterations.csv" \
       --keep "$out/raw-resnet50-dpdk" 2>&1 | tee -a "$out/default-set.txt" || rc=1
     csvs+=("$out/resnet50-dpdk.csv")

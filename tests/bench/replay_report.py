@@ -227,11 +227,14 @@ def main():
     runs = []
     with open(a.manifest) as f:
         for line in f:
-            j, label, bps, policy, run_dir, ok = line.rstrip("\n").split("\t")
-            runs.append((int(j), label, int(bps), policy, run_dir, ok == "1"))
+            # The 7th field: that run's warm-up (run-replay gives gradlane more, for its trials).
+            f7 = line.rstrip("\n").split("\t")
+            j, label, bps, policy, run_dir, ok = f7[:6]
+            warmup = int(f7[6]) if len(f7) > 6 else a.warmup
+            runs.append((int(j), label, int(bps), policy, run_dir, ok == "1", warmup))
 
     out_rows = []
-    for j, label, bps, policy, run_dir, ok in runs:
+    for j, label, bps, policy, run_dir, ok, warmup in runs:
         sim = read_sim(os.path.join(a.work, "sim.%d.csv" % j))
         any_row = next(iter(sim.values()))
         shaped = bps > 0 and a.network == "netns"
@@ -242,7 +245,7 @@ def main():
             "model": any_row["model"], "transport": a.transport, "mode": a.mode,
             "priorities": a.priorities,
             "network": a.network if bps > 0 or a.network != "netns" else "netns-unshaped",
-            "iterations": a.iterations, "warmup": a.warmup, "bandwidth": label,
+            "iterations": a.iterations, "warmup": warmup, "bandwidth": label,
             "bandwidth_gbit": bps / 1e9 if bps > 0 else None,
             "tbf_burst_ms": a.tbf_burst_ms if shaped else None, "nice": a.nice,
             "time_scale": "%g" % tscale, "sim_overhead_us": a.sim_overhead_us,
@@ -267,7 +270,7 @@ def main():
                 row["sim_iteration_ms"] = float(sim[policy]["iteration_ms"])
         if ok:
             try:
-                row.update(measure(run_dir, a.workers, a.iterations, a.warmup,
+                row.update(measure(run_dir, a.workers, a.iterations, warmup,
                                    bps if shaped else 0, a.clk_tck, compute_ms))
             except (ValueError, OSError, KeyError) as e:
                 row["status"] = "failed: %s" % e
@@ -312,7 +315,7 @@ def main():
             for row in out_rows:
                 for k, ms in enumerate(row.get("_per_iteration") or []):
                     w.writerow([row["bandwidth"], row["policy"], k, "%.3f" % ms,
-                                1 if k < a.warmup else 0])
+                                1 if k < row["warmup"] else 0])
 
     if not a.quiet:
         table_cols = [("policy", "policy", None), ("iteration_ms", "iter_ms", 1),

@@ -17,8 +17,10 @@
 # gradlane / best seed, the all-ports fluid priority schedule's T/ideal (a reference: what
 # a perfect preemptive priority scheduler with no per-message cost gets when every port is
 # constrained at once; not a bound, but where it is far above 1 the single-port bound is not
-# within reach of priority scheduling), and the bound in ms with the daemon's balanced keys
-# (the ratios' denominator) and with the plain 4 MiB key map; then, on stderr, the worst rows.
+# within reach of priority scheduling), the bound in ms with the daemon's balanced keys
+# (the ratios' denominator) and with the plain 4 MiB key map, and gradlane's rules alone
+# (gradlane-rules: without the outer loop that picks among candidate schedules) over the bound;
+# then, on stderr, the worst rows.
 # The simulator is deterministic: the same inputs give the same table on any machine and load.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -32,7 +34,7 @@ shift || true
 sim="$root/$build/sched/gradlane-sim"
 [[ -x $sim ]] || { echo "sim-table: $sim not built (ninja -C $build sched/gradlane-sim)" >&2; exit 2; }
 jobs=${GRADLANE_SIM_JOBS:-2}
-policies=fifo,p3,bytescheduler,prophet,gradlane
+policies=fifo,p3,bytescheduler,prophet,gradlane,gradlane-rules
 
 if ((allreduce)); then
   (($# > 0)) || set -- "$root"/tests/data/models/*.json
@@ -93,9 +95,9 @@ row() {  # profile rho bandwidth workers
         best = "fifo"
         split("p3 bytescheduler prophet", seeds, " ")
         for (i in seeds) if (r[seeds[i]] < r[best]) best = seeds[i]
-        printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%.3f,%s,%s,%s\n", p, rho, bw, w, r["fifo"], r["p3"],
-               r["bytescheduler"], r["prophet"], r["gradlane"], best, r["gradlane"] / r[best],
-               r["fluid"], ms["ideal"], plain
+        printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%.3f,%s,%s,%s,%s\n", p, rho, bw, w, r["fifo"],
+               r["p3"], r["bytescheduler"], r["prophet"], r["gradlane"], best,
+               r["gradlane"] / r[best], r["fluid"], ms["ideal"], plain, r["gradlane-rules"]
       }'
 }
 export -f row
@@ -107,7 +109,7 @@ for p in "$@"; do for rho in 0.5 1 2; do for bw in 1gbit 3gbit 10gbit; do for w 
   echo "$p $rho $bw $w"
 done; done; done; done | xargs -P "$jobs" -n 4 bash -c 'row "$@"' _ |
   sort -t, -k1,1 -k2,2n -k3,3V -k4,4n > "$rows"
-echo "profile,rho,bandwidth,workers,fifo,p3,bytescheduler,prophet,gradlane,best_seed,gradlane_vs_best_seed,fluid,ideal_ms,ideal_4mib_keys_ms"
+echo "profile,rho,bandwidth,workers,fifo,p3,bytescheduler,prophet,gradlane,best_seed,gradlane_vs_best_seed,fluid,ideal_ms,ideal_4mib_keys_ms,gradlane_rules"
 cat "$rows"
 awk -F, '
   { if ($9 > worst) { worst = $9; wrow = $0 } if ($11 > wseed) { wseed = $11; srow = $0 }
