@@ -14,16 +14,16 @@ absl::StatusOr<std::unique_ptr<GradlaneSelector>> GradlaneSelector::Create(
   for (std::string_view name : kGradlaneCandidates) {
     PolicyConfig c = config;
     c.name = std::string(name);
-    // P3's point is its small partitions: the job's keys (what partition_bytes carries) cut it
-    // only where they are finer, as they cut every policy whose own partitions are coarser.
-    if (name == "p3") {
-      const uint64_t own = DefaultPartitionBytes(name, DType::kF32);
-      c.partition_bytes = c.partition_bytes == 0 ? own : std::min(c.partition_bytes, own);
+    // P3's point is its small slices (50,000 elements of each tensor's dtype): the job's keys
+    // (what partition_bytes carries) cut it only where they are finer than any dtype's slice,
+    // as they cut every policy whose own partitions are coarser.
+    if (name == "p3" && c.partition_bytes >= DefaultPartitionBytes(name, DType::kF16)) {
+      c.partition_bytes = 0;
     }
     auto policy = MakePolicy(c);
     if (!policy.ok()) {
-      return absl::Status(policy.status().code(),
-                          absl::StrCat("gradlane candidate ", c.name, ": ", policy.status().message()));
+      return absl::Status(policy.status().code(), absl::StrCat("gradlane candidate ", c.name, ": ",
+                                                               policy.status().message()));
     }
     candidates.push_back({c.name, *std::move(policy)});
   }
@@ -70,11 +70,23 @@ void GradlaneSelector::Choose() {
     any = true;
   }
   Activate(best);
-  chosen_score_ = any ? scores_[best] : kNever;
   std::fill(scored_.begin(), scored_.end(), 0);
-  exploring_ = false;
   drifted_ = 0;
   ++explorations_;
+  if (any) {
+    chosen_score_ = scores_[best];
+    exploring_ = false;
+    unscored_rounds_ = 0;
+    return;
+  }
+  // Nothing was measured (iterations skipped, or indices that do not step by one): the rules
+  // run while the trials wait for the next aligned start, at most kMaxUnscoredRounds times.
+  chosen_score_ = kNever;
+  if (++unscored_rounds_ < kMaxUnscoredRounds) {
+    trials_from_ = (iteration_ / kTrialAlignIterations + 1) * kTrialAlignIterations;
+  } else {
+    exploring_ = false;
+  }
 }
 
 void GradlaneSelector::StartIteration(int64_t iteration, TimeNs now) {
@@ -133,9 +145,12 @@ void GradlaneSelector::OnPeerDecision(uint8_t decision, TimeNs /*now*/) {
   const uint8_t epoch = (decision >> kEpochShift) & kEpochMask;
   const uint8_t ours = (adopted_ >> kEpochShift) & kEpochMask;
   // Older stamps still arrive (messages committed before the switch, or relayed by a peer
-  // that has not heard yet): only a newer epoch, within half the epoch space, is followed.
+  // that has not heard yet): only an epoch 1 to 3 ahead is followed, so that one 4 or more
+  // behind is never mistaken for a newer one. A follower misses at most a switch or two: the
+  // leader switches at most once per kTrialIterations iterations, and its messages reach
+  // every peer (directly, or around the ring) within one.
   const uint8_t ahead = (epoch - ours) & kEpochMask;
-  if (adopted_ != 0 && (ahead == 0 || ahead > kEpochMask / 2 + 1)) return;
+  if (adopted_ != 0 && (ahead == 0 || ahead > kMaxEpochsAhead)) return;
   adopted_ = decision;
   active_ = candidate;
 }

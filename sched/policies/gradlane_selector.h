@@ -32,17 +32,21 @@
 //    period is the time to the first push of k + 1 (with a per-layer forward pass, one full
 //    iteration of the synchronous job).
 //  * Trials: the job's first iteration warms every estimate with candidate 0 and is not
-//    measured. Then each candidate runs kTrialIterations iterations; its score is the period of
-//    its last one (the first absorbs what the previous candidate left queued).
+//    measured. Then each candidate runs kTrialIterations iterations; its score is the sum of
+//    the periods of its last kScoredIterations (the first absorbs what the previous candidate
+//    left queued; iteration times of one schedule alternate by up to 10%, so one is not enough).
 //  * Choice: the candidate with the smallest score; a candidate whose trial iteration was not
 //    seen (a skipped iteration index) is not chosen. Candidate 0 (gradlane's rules) wins ties.
+//    A round with nothing measured runs the rules and tries again at the next aligned
+//    iteration, at most kMaxUnscoredRounds times (a client whose indices skip never scores).
 //  * Drift: once chosen, a period more than kDriftShare away from the chosen score's mean on
 //    kDriftIterations consecutive iterations starts the trials again, at the next iteration
 //    that is a multiple of kTrialAlignIterations.
 //  * Switching: ranges go to the active candidate at once; a candidate that was switched away
 //    from keeps what it had queued and sends it first (it is older: the previous iteration's
 //    pulls), under its own window, and the active one starts sending once all of that is
-//    acknowledged, so that no more than one candidate's window is ever in flight. An ack carries
+//    acknowledged, so that one candidate's window is in flight at a time (two only where a
+//    candidate is switched back to before its own bytes are acknowledged). An ack carries
 //    only a byte count, so acks go to the inactive candidates' bytes in flight first (they
 //    are older), each capped at what it has in flight, the rest to the active one: every
 //    candidate's credit is conserved and none is returned more than it lent.
@@ -79,6 +83,9 @@ inline constexpr uint8_t kDecisionValid = 0x80;
 inline constexpr uint8_t kEpochShift = 4;
 inline constexpr uint8_t kEpochMask = 0x7;
 inline constexpr uint8_t kCandidateMask = 0xf;
+// A follower adopts an epoch 1..kMaxEpochsAhead ahead of its own (gradlane_selector.cc says why).
+inline constexpr uint8_t kMaxEpochsAhead = 3;
+inline constexpr uint32_t kMaxUnscoredRounds = 3;
 static_assert(std::size(kGradlaneCandidates) <= kCandidateMask);
 
 class GradlaneSelector final : public Policy {
@@ -133,21 +140,22 @@ class GradlaneSelector final : public Policy {
 
   std::vector<Candidate> candidates_;
   std::vector<uint64_t> in_flight_;  // bytes dispatched and not yet acked, per candidate
-  std::vector<TimeNs> scores_;   // the sum of each candidate's scored periods
-  std::vector<int64_t> scored_;  // how many periods scores_ holds
+  std::vector<TimeNs> scores_;       // the sum of each candidate's scored periods
+  std::vector<int64_t> scored_;      // how many periods scores_ holds
   size_t active_ = 0;
   uint16_t rank_ = 0;
   uint8_t epoch_ = 0;    // the leader's
   uint8_t adopted_ = 0;  // a follower's latest decision heard (0: none yet)
 
   bool started_ = false;
-  int64_t iteration_ = 0;     // the latest iteration started on this host
+  int64_t iteration_ = 0;  // the latest iteration started on this host
   TimeNs iteration_start_ = 0;
   bool exploring_ = true;
-  int64_t trials_from_ = 0;   // the iteration the current trials' first candidate starts in
+  int64_t trials_from_ = 0;  // the iteration the current trials' first candidate starts in
   TimeNs chosen_score_ = kNever;
-  int drifted_ = 0;           // consecutive periods beyond kDriftShare of chosen_score_
+  int drifted_ = 0;  // consecutive periods beyond kDriftShare of chosen_score_
   uint32_t explorations_ = 0;
+  uint32_t unscored_rounds_ = 0;  // consecutive rounds that measured nothing
 };
 
 }  // namespace gradlane::sched

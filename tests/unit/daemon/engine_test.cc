@@ -773,6 +773,44 @@ TEST_P(ScheduleAgreementTest, EveryRankRunsRankZerosChoice) {
   }
 }
 
+// The followers run what rank 0's frames say, not a choice of their own: every frame of rank 0
+// is made to name fifo (candidate 3, one epoch on), and every other rank's frames must relay
+// exactly that from their first decision on, over a job long enough for a round of trials of
+// their own (a rank that decided for itself would stamp its trials' epochs and candidates).
+TEST_P(ScheduleAgreementTest, FollowersRelayWhatRankZeroSays) {
+  const bool ring = GetParam() == GL_MODE_ALLREDUCE;
+  const std::string tag = ring ? "follow-ar" : "follow-ps";
+  Cluster cluster(3, TestOptions("gradlane"), tag);
+  const uint8_t fifo = sched::kDecisionValid | 1 << sched::kEpochShift | 3;
+  ASSERT_EQ(sched::kGradlaneCandidates[3], "fifo");
+  std::mutex mu;
+  std::map<uint16_t, std::set<uint8_t>> stamped;  // by sender rank
+  cluster.TamperFrames([&](transport::FrameHeader& h) {
+    if (h.type != static_cast<uint8_t>(transport::FrameType::kData)) return;
+    const uint8_t byte = static_cast<uint8_t>(h.flags >> transport::kFlagScheduleShift);
+    if (h.sender_rank == 0 && byte != 0) {
+      h.flags = static_cast<uint16_t>(fifo << transport::kFlagScheduleShift);
+    }
+    std::lock_guard<std::mutex> l(mu);
+    stamped[h.sender_rank].insert(static_cast<uint8_t>(h.flags >> transport::kFlagScheduleShift));
+  });
+  JobSpec job{tag,
+              3,
+              "gradlane",
+              "secret",
+              {{"a", 300 << 10, GL_DTYPE_F32, 0}, {"b", 70000, GL_DTYPE_BF16, 1}},
+              6};
+  job.mode = GetParam();
+  RunJob(cluster, job, 18, /*mean=*/false);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(cluster.Stats(i).jobs_failed, 0u) << "daemon " << i;
+  std::lock_guard<std::mutex> l(mu);
+  for (uint16_t rank = 1; rank < 3; ++rank) {
+    std::set<uint8_t> bytes = stamped[rank];
+    bytes.erase(0);  // before it heard, and the manifest and leave frames
+    EXPECT_EQ(bytes, std::set<uint8_t>{fifo}) << "rank " << rank;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, ScheduleAgreementTest,
                          ::testing::Values(GL_MODE_PS, GL_MODE_ALLREDUCE),
                          [](const ::testing::TestParamInfo<gl_job_mode>& info) {

@@ -64,7 +64,7 @@ uint64_t Drain(Policy& p, TimeNs now) {
 // Runs iterations [from, to) on `s`: iteration k starts at `*now`, and lasts what `duration`
 // says for the candidate active in it. Returns the candidate of each iteration.
 std::vector<std::string> RunIterations(GradlaneSelector& s, int64_t from, int64_t to, TimeNs* now,
-                             const std::map<std::string, TimeNs>& duration) {
+                                       const std::map<std::string, TimeNs>& duration) {
   std::vector<std::string> ran;
   for (int64_t k = from; k < to; ++k) {
     s.OnReady(Push(k), *now);
@@ -98,7 +98,7 @@ TEST(GradlaneSelectorTest, TheFirstCandidateWinsATie) {
   auto s = MakeSelector();
   TimeNs now = 0;
   RunIterations(*s, 0, 12, &now,
-      {{"a", 70 * kMillisecond}, {"b", 70 * kMillisecond}, {"c", 70 * kMillisecond}});
+                {{"a", 70 * kMillisecond}, {"b", 70 * kMillisecond}, {"c", 70 * kMillisecond}});
   EXPECT_FALSE(s->exploring());
   EXPECT_EQ(s->active_name(), "a");
 }
@@ -118,11 +118,11 @@ TEST(GradlaneSelectorTest, ADriftingIterationTimeStartsTheTrialsAgain) {
   auto s = MakeSelector();
   TimeNs now = 0;
   RunIterations(*s, 0, 12, &now,
-      {{"a", 100 * kMillisecond}, {"b", 60 * kMillisecond}, {"c", 80 * kMillisecond}});
+                {{"a", 100 * kMillisecond}, {"b", 60 * kMillisecond}, {"c", 80 * kMillisecond}});
   ASSERT_EQ(s->active_name(), "b");
   // A 10% change is noise: no new trials.
   RunIterations(*s, 12, 20, &now,
-      {{"a", 100 * kMillisecond}, {"b", 66 * kMillisecond}, {"c", 80 * kMillisecond}});
+                {{"a", 100 * kMillisecond}, {"b", 66 * kMillisecond}, {"c", 80 * kMillisecond}});
   EXPECT_FALSE(s->exploring());
   // The link got slower for b, and a is now the fastest: after three drifted iterations the
   // trials start again at the next multiple of kTrialAlignIterations (24; the third drifted
@@ -132,8 +132,7 @@ TEST(GradlaneSelectorTest, ADriftingIterationTimeStartsTheTrialsAgain) {
   RunIterations(*s, 20, 23, &now, slower);
   EXPECT_FALSE(s->exploring()) << "two drifted periods (iterations 20, 21) are not yet a drift";
   const std::vector<std::string> ran = RunIterations(*s, 23, 34, &now, slower);
-  const std::vector<std::string> expected = {"b", "a", "a", "a", "b", "b",
-                                             "b", "c", "c", "c", "a"};
+  const std::vector<std::string> expected = {"b", "a", "a", "a", "b", "b", "b", "c", "c", "c", "a"};
   EXPECT_EQ(ran, expected);
   EXPECT_FALSE(s->exploring());
   EXPECT_EQ(s->explorations(), 2u);
@@ -153,7 +152,7 @@ TEST(GradlaneSelectorTest, FollowersRunTheLeadersDecision) {
     RunIterations(*leader, k, k + 1, &now, d);
     // The follower measures nothing: its own (different) iteration times change nothing.
     follower->OnReady(Push(k, 0), now + k * kMillisecond);
-    Drain(*follower, now);
+    Drain(*follower, now + k * kMillisecond);
     follower->OnPeerDecision(leader->Decision(), now);
     heard.push_back(leader->Decision());
     EXPECT_EQ(follower->active(), leader->active()) << "iteration " << k;
@@ -170,6 +169,49 @@ TEST(GradlaneSelectorTest, FollowersRunTheLeadersDecision) {
   // The leader ignores every stamp: it decides.
   leader->OnPeerDecision(heard.front(), now);
   EXPECT_EQ(leader->active_name(), "b");
+}
+
+TEST(GradlaneSelectorTest, AFollowerKeepsUpThroughManyEpochsAndIgnoresOldOnes) {
+  auto leader = MakeSelector();
+  auto follower = MakeSelector();
+  follower->SetRank(1);
+  TimeNs now = 0;
+  // Three rounds of trials (the leader's epoch wraps around its 3 bits more than once): each
+  // time the chosen candidate slows down by half, so that the drift starts the trials again.
+  std::map<std::string, TimeNs> d = {
+      {"a", 100 * kMillisecond}, {"b", 60 * kMillisecond}, {"c", 80 * kMillisecond}};
+  std::vector<uint8_t> heard;
+  for (int64_t k = 0; k < 64; ++k) {
+    RunIterations(*leader, k, k + 1, &now, d);
+    if (!leader->exploring()) d[std::string(leader->active_name())] = 150 * kMillisecond;
+    const uint8_t byte = leader->Decision();
+    if (heard.empty() || heard.back() != byte) heard.push_back(byte);
+    follower->OnPeerDecision(byte, now);
+    ASSERT_EQ(follower->active(), leader->active()) << "iteration " << k;
+    // A relay that has not heard yet: the decision of up to four switches ago changes nothing.
+    for (size_t back = 2; back <= 5 && back <= heard.size(); ++back) {
+      follower->OnPeerDecision(heard[heard.size() - back], now);
+    }
+    ASSERT_EQ(follower->active(), leader->active()) << "iteration " << k;
+  }
+  EXPECT_GE(leader->explorations(), 3u);
+  EXPECT_GT(heard.size(), 8u) << "the epoch wrapped";
+}
+
+TEST(GradlaneSelectorTest, IndicesThatNeverStepByOneLeaveTheRulesRunning) {
+  auto s = MakeSelector();
+  TimeNs now = 0;
+  // A client that counts iterations in twos: no period is ever measured, so no candidate is
+  // scored; the rules run between the aligned retries, and after kMaxUnscoredRounds the
+  // trials stop for good.
+  for (int64_t k = 0; k < 400; k += 2) {
+    s->OnReady(Push(k), now);
+    Drain(*s, now);
+    now += 50 * kMillisecond;
+  }
+  EXPECT_FALSE(s->exploring());
+  EXPECT_EQ(s->active_name(), "a");
+  EXPECT_EQ(s->explorations(), kMaxUnscoredRounds);
 }
 
 TEST(GradlaneSelectorTest, ASwitchKeepsOneWindowInFlightAndLosesNoByte) {
