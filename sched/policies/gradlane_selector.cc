@@ -14,11 +14,13 @@ absl::StatusOr<std::unique_ptr<GradlaneSelector>> GradlaneSelector::Create(
   for (std::string_view name : kGradlaneCandidates) {
     PolicyConfig c = config;
     c.name = std::string(name);
-    // P3's point is its small slices (50,000 elements of each tensor's dtype): the job's keys
-    // (what partition_bytes carries) cut it only where they are finer than any dtype's slice,
-    // as they cut every policy whose own partitions are coarser.
-    if (name == "p3" && c.partition_bytes >= DefaultPartitionBytes(name, DType::kF16)) {
-      c.partition_bytes = 0;
+    // P3's point is its small slices: the job's keys (what partition_bytes carries) cut it only
+    // where they are finer than its slice, as gradlane-sim cuts p3 run on its own. The slice is
+    // the f32 one (50,000 elements, 200 kB) for every dtype: a 16-bit tensor's are 100,000
+    // elements, which keeps the candidate the simulator's p3.
+    if (name == "p3") {
+      const uint64_t own = DefaultPartitionBytes(name, DType::kF32);
+      c.partition_bytes = c.partition_bytes == 0 ? own : std::min(c.partition_bytes, own);
     }
     auto policy = MakePolicy(c);
     if (!policy.ok()) {
