@@ -74,6 +74,12 @@ class Policy {
   // Bytes [offset, offset+length) of a tensor became ready at `now`.
   virtual void OnReady(const ReadyRange& range, TimeNs now) = 0;
 
+  // The same range, handed to another schedule to send (gradlane's candidates that are not
+  // running): a policy that learns from the ready pattern or the load (prophet's ready times,
+  // gradlane's bytes per iteration) learns from it as from OnReady, and queues nothing, so
+  // that it is warm when it runs. The default learns nothing.
+  virtual void OnObservedReady(const ReadyRange& /*range*/, TimeNs /*now*/) {}
+
   // Fills `out` with the next unit to commit, if the policy's rules and credit allow one now.
   virtual bool NextDispatch(TimeNs now, Dispatch& out) = 0;
 

@@ -129,13 +129,17 @@ void GradlanePolicy::CountBytes(const ReadyRange& range) {
   }
 }
 
-void GradlanePolicy::OnReady(const ReadyRange& range, TimeNs now) {
+void GradlanePolicy::OnObservedReady(const ReadyRange& range, TimeNs /*now*/) {
   if (!peer_seen_[range.peer]) {
     peer_seen_[range.peer] = true;
     ++peers_;
     Resize();
   }
   CountBytes(range);
+}
+
+void GradlanePolicy::OnReady(const ReadyRange& range, TimeNs now) {
+  OnObservedReady(range, now);
   const PartitionPlan plan =
       PartitionPlan::Make(range.tensor_bytes, range.dtype, key_partition_bytes_);
   const uint64_t slice = message_bytes_;

@@ -153,6 +153,7 @@ class GradlanePolicy final : public Policy {
   std::string_view name() const override { return "gradlane-rules"; }
   void RegisterTensor(const TensorSpec& tensor) override;
   void OnReady(const ReadyRange& range, TimeNs now) override;
+  void OnObservedReady(const ReadyRange& range, TimeNs now) override;
   bool NextDispatch(TimeNs now, Dispatch& out) override;
   void OnAcked(uint64_t bytes, TimeNs now) override;
   TimeNs NextWakeup(TimeNs now) const override;

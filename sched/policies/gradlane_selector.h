@@ -25,7 +25,8 @@
 // (Decision(): valid bit, a 3-bit epoch bumped on every switch, the candidate). A follower
 // runs whatever decision it heard last with a newer epoch, from any peer, and stamps its own
 // messages with it, so the decision also travels around an all-reduce ring where only rank 1
-// hears rank 0. Followers switch within a message's delay of the leader; they measure nothing.
+// hears rank 0. A follower switches at the start of its next iteration after it hears (as the
+// leader switches at the start of one); followers measure nothing.
 //
 // How the leader decides:
 //  * Iteration starts: the first push of iteration k that reaches this policy starts it; its
@@ -146,6 +147,7 @@ class GradlaneSelector final : public Policy {
   uint16_t rank_ = 0;
   uint8_t epoch_ = 0;    // the leader's
   uint8_t adopted_ = 0;  // a follower's latest decision heard (0: none yet)
+  size_t pending_ = 0;   // its candidate, which the follower runs from its next iteration
 
   bool started_ = false;
   int64_t iteration_ = 0;  // the latest iteration started on this host

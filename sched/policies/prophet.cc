@@ -97,11 +97,15 @@ void ProphetPolicy::NoteReady(uint32_t tensor_id, TimeNs now) {
   if (pos == gradient0_pos_) forward_phase_ = true;
 }
 
-void ProphetPolicy::OnReady(const ReadyRange& range, TimeNs now) {
+void ProphetPolicy::OnObservedReady(const ReadyRange& range, TimeNs now) {
   if (range.direction == Direction::kPush) {
     if (!has_iteration_ || range.iteration > iteration_) StartIteration(range.iteration, now);
     if (range.iteration == iteration_) NoteReady(range.tensor_id, now);
   }
+}
+
+void ProphetPolicy::OnReady(const ReadyRange& range, TimeNs now) {
+  OnObservedReady(range, now);
   const PartitionPlan plan = PartitionPlan::Make(range.tensor_bytes, range.dtype, partition_bytes_);
   CutRange(plan, range, now, [&](const Segment& s) { queue_.Push(s); });
 }

@@ -93,6 +93,7 @@ class ProphetPolicy final : public Policy {
   std::string_view name() const override { return "prophet"; }
   void RegisterTensor(const TensorSpec& tensor) override;
   void OnReady(const ReadyRange& range, TimeNs now) override;
+  void OnObservedReady(const ReadyRange& range, TimeNs now) override;
   bool NextDispatch(TimeNs now, Dispatch& out) override;
   void OnAcked(uint64_t bytes, TimeNs now) override;
   TimeNs NextWakeup(TimeNs now) const override;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "sched/policies/prophet.h"
 #include "tests/unit/heap_counter.h"
 
 namespace gradlane::sched {
@@ -148,23 +149,30 @@ TEST(GradlaneSelectorTest, FollowersRunTheLeadersDecision) {
   const std::map<std::string, TimeNs> d = {
       {"a", 100 * kMillisecond}, {"b", 60 * kMillisecond}, {"c", 80 * kMillisecond}};
   std::vector<uint8_t> heard;
+  size_t leader_before = 0;  // what the leader ran in the previous iteration
   for (int64_t k = 0; k < 12; ++k) {
     RunIterations(*leader, k, k + 1, &now, d);
-    // The follower measures nothing: its own (different) iteration times change nothing.
+    // The follower starts iteration k before it hears the leader's decision of k, so it runs
+    // the one it heard during k - 1 (and switches only at an iteration's start). It measures
+    // nothing: its own (different) iteration times change nothing.
     follower->OnReady(Push(k, 0), now + k * kMillisecond);
+    EXPECT_EQ(follower->active(), leader_before) << "iteration " << k;
+    follower->OnPeerDecision(leader->Decision(), now + k * kMillisecond);
+    EXPECT_EQ(follower->active(), leader_before) << "not in the middle of an iteration";
     Drain(*follower, now + k * kMillisecond);
-    follower->OnPeerDecision(leader->Decision(), now);
     heard.push_back(leader->Decision());
-    EXPECT_EQ(follower->active(), leader->active()) << "iteration " << k;
-    EXPECT_EQ(follower->Decision(), leader->Decision()) << "it relays what it runs";
+    EXPECT_EQ(follower->Decision(), leader->Decision()) << "it relays what it heard at once";
+    leader_before = leader->active();
   }
+  follower->OnReady(Push(12, 0), now);
   ASSERT_EQ(follower->active_name(), "b");
   // Stamps of messages committed before the last switch still arrive: ignored.
   for (uint8_t old : heard) follower->OnPeerDecision(old, now);
-  EXPECT_EQ(follower->active_name(), "b");
   // Nothing to agree on (another policy), or a candidate this build does not have: ignored.
   follower->OnPeerDecision(0, now);
   follower->OnPeerDecision(static_cast<uint8_t>(kDecisionValid | 7 << kEpochShift | 9), now);
+  Drain(*follower, now);
+  follower->OnReady(Push(13, 0), now);
   EXPECT_EQ(follower->active_name(), "b");
   // The leader ignores every stamp: it decides.
   leader->OnPeerDecision(heard.front(), now);
@@ -181,18 +189,22 @@ TEST(GradlaneSelectorTest, AFollowerKeepsUpThroughManyEpochsAndIgnoresOldOnes) {
   std::map<std::string, TimeNs> d = {
       {"a", 100 * kMillisecond}, {"b", 60 * kMillisecond}, {"c", 80 * kMillisecond}};
   std::vector<uint8_t> heard;
+  size_t leader_before = 0;
   for (int64_t k = 0; k < 64; ++k) {
     RunIterations(*leader, k, k + 1, &now, d);
     if (!leader->exploring()) d[std::string(leader->active_name())] = 150 * kMillisecond;
+    follower->OnReady(Push(k, 0), now);
+    ASSERT_EQ(follower->active(), leader_before) << "iteration " << k;
     const uint8_t byte = leader->Decision();
     if (heard.empty() || heard.back() != byte) heard.push_back(byte);
     follower->OnPeerDecision(byte, now);
-    ASSERT_EQ(follower->active(), leader->active()) << "iteration " << k;
     // A relay that has not heard yet: the decision of up to four switches ago changes nothing.
     for (size_t back = 2; back <= 5 && back <= heard.size(); ++back) {
       follower->OnPeerDecision(heard[heard.size() - back], now);
     }
-    ASSERT_EQ(follower->active(), leader->active()) << "iteration " << k;
+    ASSERT_EQ(follower->Decision(), byte) << "iteration " << k;
+    Drain(*follower, now);
+    leader_before = leader->active();
   }
   EXPECT_GE(leader->explorations(), 3u);
   EXPECT_GT(heard.size(), 8u) << "the epoch wrapped";
@@ -212,6 +224,29 @@ TEST(GradlaneSelectorTest, IndicesThatNeverStepByOneLeaveTheRulesRunning) {
   EXPECT_FALSE(s->exploring());
   EXPECT_EQ(s->active_name(), "a");
   EXPECT_EQ(s->explorations(), kMaxUnscoredRounds);
+}
+
+TEST(GradlaneSelectorTest, CandidatesThatDoNotRunLearnTheReadyPattern) {
+  // Prophet learns when each tensor becomes ready; as a candidate that is not running it must
+  // still see every range (and queue none), so that its trial and its choice start warm.
+  std::vector<GradlaneSelector::Candidate> candidates;
+  for (const char* name : {"bytescheduler", "prophet"}) {
+    PolicyConfig c;
+    c.name = name;
+    candidates.push_back({name, *MakePolicy(c)});
+  }
+  GradlaneSelector s(std::move(candidates));
+  s.RegisterTensor({0, kTensorBytes, DType::kF32, 0});
+  s.RegisterTensor({1, kTensorBytes, DType::kF32, 1});
+  const auto& prophet = dynamic_cast<const ProphetPolicy&>(s.candidate(1));
+  TimeNs now = kSecond;
+  s.OnReady(Push(0, 1, 1), now);  // tensor 1 at the iteration's start
+  s.OnReady(Push(0, 1, 0), now + 7 * kMillisecond);
+  ASSERT_EQ(s.active(), 0u);
+  EXPECT_EQ(prophet.queued_segments(), 0u);
+  ASSERT_TRUE(prophet.learned_ready_offset(0).has_value());
+  EXPECT_EQ(*prophet.learned_ready_offset(0), 7 * kMillisecond);
+  Drain(s, now + 7 * kMillisecond);
 }
 
 TEST(GradlaneSelectorTest, ASwitchKeepsOneWindowInFlightAndLosesNoByte) {
