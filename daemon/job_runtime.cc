@@ -103,6 +103,7 @@ JobError JobRuntime::SetUp_st(Session& session, TimeNs now) {
   }
   policy_ = std::move(*policy);
   policy_->SetRank(plan_.rank);
+  schedule_ = policy_->schedule();
   for (JobTensor& t : plan_.tensors) {
     auto_priority_.Register(t.spec.id);
     policy_->RegisterTensor(t.spec);

@@ -261,6 +261,7 @@ class JobRuntime {
   // Scheduling.
   std::unique_ptr<sched::Policy> policy_;
   sched::PolicyConfig policy_config_;
+  std::string schedule_;  // what policy_->schedule() said last (logged when it changes)
   sched::AutoPriority auto_priority_;
   sched::BandwidthEstimator estimator_;
   sched::Dispatch dispatch_;  // reused

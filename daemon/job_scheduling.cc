@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/job_runtime.h"
+#include "daemon/log.h"
 
 namespace gradlane::daemon {
 
@@ -11,6 +12,14 @@ using sched::TimeNs;
 
 void JobRuntime::Ready_st(const sched::ReadyRange& r, TimeNs now) {
   policy_->OnReady(r, now);
+  // gradlane switches schedules at an iteration's start (its trials, then its choice): one
+  // line each, so that a job's log says what it ran when. The names fit a std::string's
+  // inline buffer, so the copy does not allocate.
+  if (policy_->schedule() != schedule_) {
+    schedule_ = policy_->schedule();
+    LogLine(absl::StrCat("job ", plan_.info.job_id, " rank ", plan_.rank, ": from iteration ",
+                         r.iteration, " the schedule is ", schedule_));
+  }
   if (Telemetry* tm = telemetry()) {
     const JobTensor& t = plan_.tensors[r.tensor_id];
     const Part& p = plan_.parts[t.first_part + t.plan.PartitionOf(r.offset)];
