@@ -1,7 +1,8 @@
 // sched/policies/gradlane_selector.h — the `gradlane` policy's outer loop: it runs several
 // complete schedules (candidates) one after another for a few training iterations each, times
-// every iteration on this host, and keeps the candidate whose iteration was shortest; it tries
-// them all again when the iteration time drifts (a new link rate, a new ready pattern).
+// every iteration on rank 0, and the whole job keeps the candidate whose trial iterations were
+// shortest; it tries them all again when the iteration time drifts (a new link rate, a new
+// ready pattern).
 //
 // Why an outer loop over whole schedules. gradlane's rules (gradlane.h: message size, fusion
 // and window from the measured rate, RTT and θ) have the lowest mean over every profile, link
@@ -23,9 +24,9 @@
 // Hence one host decides: rank 0 (the leader) runs the trials and the choice from its own
 // clock, and every data message a host sends carries its current decision, one byte
 // (Decision(): valid bit, a 3-bit epoch bumped on every switch, the candidate). A follower
-// runs whatever decision it heard last with a newer epoch, from any peer, and stamps its own
-// messages with it, so the decision also travels around an all-reduce ring where only rank 1
-// hears rank 0. A follower switches at the start of its next iteration after it hears (as the
+// runs whatever decision it heard last with a newer epoch (1 to 3 ahead), from any peer, and
+// stamps its own messages with it, so the decision also travels around an all-reduce ring
+// where only rank 1 hears rank 0. A follower switches at the start of its next iteration after it hears (as the
 // leader switches at the start of one); followers measure nothing.
 //
 // How the leader decides:
@@ -51,6 +52,9 @@
 //    only a byte count, so acks go to the inactive candidates' bytes in flight first (they
 //    are older), each capped at what it has in flight, the rest to the active one: every
 //    candidate's credit is conserved and none is returned more than it lent.
+//  * Candidates that are not running see every range through Policy::OnObservedReady and
+//    queue none: prophet keeps learning the ready times, the rules the bytes per iteration,
+//    so that a trial and a choice start as warm as the candidate would be running alone.
 //
 // Thread rules and allocation: as Policy (one owner thread). The candidates are built once;
 // after every candidate has run once, OnReady/NextDispatch/OnAcked allocate nothing.
