@@ -26,8 +26,8 @@
 // (Decision(): valid bit, a 3-bit epoch bumped on every switch, the candidate). A follower
 // runs whatever decision it heard last with a newer epoch (1 to 3 ahead), from any peer, and
 // stamps its own messages with it, so the decision also travels around an all-reduce ring
-// where only rank 1 hears rank 0. A follower switches at the start of its next iteration after it hears (as the
-// leader switches at the start of one); followers measure nothing.
+// where only rank 1 hears rank 0. A follower switches at the start of its next iteration
+// after it hears (as the leader switches at the start of one); followers measure nothing.
 //
 // How the leader decides:
 //  * Iteration starts: the first push of iteration k that reaches this policy starts it; its
