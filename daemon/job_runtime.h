@@ -25,6 +25,7 @@
 #define GRADLANE_DAEMON_JOB_RUNTIME_H_
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -262,6 +263,8 @@ class JobRuntime {
   std::unique_ptr<sched::Policy> policy_;
   sched::PolicyConfig policy_config_;
   std::string schedule_;  // what policy_->schedule() said last (logged when it changes)
+  int64_t schedule_iteration_ =
+      std::numeric_limits<int64_t>::min();  // the latest iteration it was checked at
   sched::AutoPriority auto_priority_;
   sched::BandwidthEstimator estimator_;
   sched::Dispatch dispatch_;  // reused

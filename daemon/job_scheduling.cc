@@ -12,13 +12,17 @@ using sched::TimeNs;
 
 void JobRuntime::Ready_st(const sched::ReadyRange& r, TimeNs now) {
   policy_->OnReady(r, now);
-  // gradlane switches schedules at an iteration's start (its trials, then its choice): one
-  // line each, so that a job's log says what it ran when. The names fit a std::string's
-  // inline buffer, so the copy does not allocate.
-  if (policy_->schedule() != schedule_) {
-    schedule_ = policy_->schedule();
-    LogLine(absl::StrCat("job ", plan_.info.job_id, " rank ", plan_.rank, ": from iteration ",
-                         r.iteration, " the schedule is ", schedule_));
+  // gradlane switches schedules only where one of this rank's iterations starts (its trials,
+  // then its choice), so only a push of a new iteration is checked: one line per switch, so
+  // that a job's log says what it ran when. The names fit a std::string's inline buffer, so
+  // the copy does not allocate.
+  if (r.direction == sched::Direction::kPush && r.iteration > schedule_iteration_) {
+    schedule_iteration_ = r.iteration;
+    if (policy_->schedule() != schedule_) {
+      schedule_ = policy_->schedule();
+      LogLine(absl::StrCat("job ", plan_.info.job_id, " rank ", plan_.rank, ": from iteration ",
+                           r.iteration, " the schedule is ", schedule_));
+    }
   }
   if (Telemetry* tm = telemetry()) {
     const JobTensor& t = plan_.tensors[r.tensor_id];

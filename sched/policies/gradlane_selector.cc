@@ -45,7 +45,6 @@ std::vector<GradlaneSelector::Candidate> FirstFifteen(
 
 GradlaneSelector::GradlaneSelector(std::vector<Candidate> candidates)
     : candidates_(FirstFifteen(std::move(candidates))),
-      in_flight_(candidates_.size(), 0),
       scores_(candidates_.size(), kNever),
       scored_(candidates_.size(), 0) {}
 
@@ -188,10 +187,7 @@ bool GradlaneSelector::NextDispatch(TimeNs now, Dispatch& out) {
   // it goes first, under that candidate's own window.
   for (size_t i = 0; i < candidates_.size(); ++i) {
     if (i == active_ || candidates_[i].policy->queued_segments() == 0) continue;
-    if (candidates_[i].policy->NextDispatch(now, out)) {
-      in_flight_[i] += out.bytes;
-      return true;
-    }
+    if (candidates_[i].policy->NextDispatch(now, out)) return true;
   }
   // One window at a time: the active candidate starts once the others' bytes are acknowledged,
   // so what is committed never exceeds one candidate's window (a switch costs one round trip).
@@ -200,14 +196,13 @@ bool GradlaneSelector::NextDispatch(TimeNs now, Dispatch& out) {
     out.bytes = 0;
     return false;
   }
-  if (!candidates_[active_].policy->NextDispatch(now, out)) return false;
-  in_flight_[active_] += out.bytes;
-  return true;
+  return candidates_[active_].policy->NextDispatch(now, out);
 }
 
 bool GradlaneSelector::OthersHoldBytes() const {
   for (size_t i = 0; i < candidates_.size(); ++i) {
-    if (i != active_ && (in_flight_[i] > 0 || candidates_[i].policy->queued_segments() > 0)) {
+    const Policy& p = *candidates_[i].policy;
+    if (i != active_ && (p.credit_in_use() > 0 || p.queued_segments() > 0)) {
       return true;
     }
   }
@@ -217,16 +212,15 @@ bool GradlaneSelector::OthersHoldBytes() const {
 void GradlaneSelector::OnAcked(uint64_t bytes, TimeNs now) {
   uint64_t left = bytes;
   for (size_t i = 0; i < candidates_.size() && left > 0; ++i) {
-    if (i == active_ || in_flight_[i] == 0) continue;
-    const uint64_t share = std::min(left, in_flight_[i]);
-    in_flight_[i] -= share;
+    const uint64_t lent = candidates_[i].policy->credit_in_use();
+    if (i == active_ || lent == 0) continue;
+    const uint64_t share = std::min(left, lent);
     left -= share;
     candidates_[i].policy->OnAcked(share, now);
   }
   if (left == 0) return;
   // Anything beyond what the active candidate lent is the caller's mistake; the candidate's
   // own window clamps it (and counts it, where it does).
-  in_flight_[active_] -= std::min(left, in_flight_[active_]);
   candidates_[active_].policy->OnAcked(left, now);
 }
 
@@ -252,7 +246,7 @@ size_t GradlaneSelector::queued_segments() const {
 
 uint64_t GradlaneSelector::credit_in_use() const {
   uint64_t n = 0;
-  for (uint64_t b : in_flight_) n += b;
+  for (const Candidate& c : candidates_) n += c.policy->credit_in_use();
   return n;
 }
 

@@ -49,7 +49,8 @@
 //    pulls), under its own window, and the active one starts sending once all of that is
 //    acknowledged, so that one candidate's window is in flight at a time (two only where a
 //    candidate is switched back to before its own bytes are acknowledged). An ack carries
-//    only a byte count, so acks go to the inactive candidates' bytes in flight first (they
+//    only a byte count, so acks go to the inactive candidates' bytes in flight (each one's
+//    credit_in_use, the Policy contract's bytes committed and not yet acknowledged) first (they
 //    are older), each capped at what it has in flight, the rest to the active one: every
 //    candidate's credit is conserved and none is returned more than it lent.
 //  * Candidates that are not running see every range through Policy::OnObservedReady and
@@ -144,9 +145,8 @@ class GradlaneSelector final : public Policy {
   bool OthersHoldBytes() const;
 
   std::vector<Candidate> candidates_;
-  std::vector<uint64_t> in_flight_;  // bytes dispatched and not yet acked, per candidate
-  std::vector<TimeNs> scores_;       // the sum of each candidate's scored periods
-  std::vector<int64_t> scored_;      // how many periods scores_ holds
+  std::vector<TimeNs> scores_;   // the sum of each candidate's scored periods
+  std::vector<int64_t> scored_;  // how many periods scores_ holds
   size_t active_ = 0;
   uint16_t rank_ = 0;
   uint8_t epoch_ = 0;    // the leader's
