@@ -287,12 +287,8 @@ int main(int argc, char** argv) {
   if (const double rho = absl::GetFlag(FLAGS_rho); rho != 0) {
     if (!std::isfinite(rho) || rho < 1e-3 || rho > 1e3)
       Fail(2, "--rho must be 0 or in [0.001, 1000]");
-    const double factor = sim::Rho(*profile, config) / rho;
-    if (!std::isfinite(factor)) Fail(2, "--rho: the profile has no compute time to scale");
-    for (gradlane::sched::ModelLayer& l : profile->layers) {
-      l.fwd_ns = static_cast<TimeNs>(std::llround(static_cast<double>(l.fwd_ns) * factor));
-      l.bwd_ns = static_cast<TimeNs>(std::llround(static_cast<double>(l.bwd_ns) * factor));
-      l.ready_ns = static_cast<TimeNs>(std::llround(static_cast<double>(l.ready_ns) * factor));
+    if (!sim::ScaleComputeToRho(*profile, config, rho)) {
+      Fail(2, "--rho: the profile has no compute time to scale");
     }
   }
   absl::StatusOr<std::vector<Priority>> priorities =

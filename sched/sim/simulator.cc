@@ -1340,6 +1340,17 @@ double Rho(const ModelProfile& profile, const SimConfig& config) {
   return c > 0 ? comm_ns / c : std::numeric_limits<double>::infinity();
 }
 
+bool ScaleComputeToRho(ModelProfile& profile, const SimConfig& config, double rho) {
+  const double factor = Rho(profile, config) / rho;
+  if (!std::isfinite(factor)) return false;
+  for (ModelLayer& l : profile.layers) {
+    l.fwd_ns = static_cast<TimeNs>(std::llround(static_cast<double>(l.fwd_ns) * factor));
+    l.bwd_ns = static_cast<TimeNs>(std::llround(static_cast<double>(l.bwd_ns) * factor));
+    l.ready_ns = static_cast<TimeNs>(std::llround(static_cast<double>(l.ready_ns) * factor));
+  }
+  return true;
+}
+
 absl::StatusOr<SimResult> Simulate(const ModelProfile& profile, const SimConfig& config,
                                    const PolicyFactory& factory, std::string_view label) {
   if (absl::Status s = ValidateConfig(profile, config); !s.ok()) return s;

@@ -230,6 +230,10 @@ absl::Status ValidateConfig(const ModelProfile& profile, const SimConfig& config
 // ρ of a profile under a config (docs/design.md §5).
 double Rho(const ModelProfile& profile, const SimConfig& config);
 
+// Scales every compute time of `profile` (fwd, bwd, ready) so that its ρ under `config` is
+// `rho` (gradlane-sim's --rho). False, and nothing changed, if the profile has no compute time.
+bool ScaleComputeToRho(ModelProfile& profile, const SimConfig& config, double rho);
+
 // Runs warmup + measured iterations with one policy per host from `factory`. `label` names the
 // result (usually the policy's name).
 absl::StatusOr<SimResult> Simulate(const ModelProfile& profile, const SimConfig& config,

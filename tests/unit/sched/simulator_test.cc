@@ -1,7 +1,6 @@
 #include "sched/sim/simulator.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
@@ -573,12 +572,7 @@ TEST(SimulatorTest, GradlaneKeepsTheBestCandidateWhereItsRulesLose) {
   // Three cycles of the 8-iteration pattern prophet's times repeat on this row: a 10-iteration
   // window's mean depends by a few percent on where in the cycle it starts.
   c.measured_iterations = 24;
-  const double factor = Rho(p, c) / 2.0;
-  for (ModelLayer& l : p.layers) {
-    l.fwd_ns = static_cast<TimeNs>(std::llround(static_cast<double>(l.fwd_ns) * factor));
-    l.bwd_ns = static_cast<TimeNs>(std::llround(static_cast<double>(l.bwd_ns) * factor));
-    l.ready_ns = static_cast<TimeNs>(std::llround(static_cast<double>(l.ready_ns) * factor));
-  }
+  ASSERT_TRUE(ScaleComputeToRho(p, c, 2.0));
   const uint64_t unit = ShardUnitBytes(p, c);
   std::map<std::string, TimeNs> t;
   for (const char* name :
