@@ -730,9 +730,10 @@ class ScheduleAgreementTest : public ::testing::TestWithParam<gl_job_mode> {};
 TEST_P(ScheduleAgreementTest, EveryRankRunsRankZerosChoice) {
   const bool ring = GetParam() == GL_MODE_ALLREDUCE;
   const std::string tag = ring ? "agree-ar" : "agree-ps";
-  Cluster cluster(3, TestOptions("gradlane"), tag);
+  // Declared before the cluster: its threads stamp frames until it is destroyed.
   std::mutex mu;
   std::map<int64_t, std::set<std::pair<uint16_t, uint8_t>>> seen;  // iteration → (rank, byte)
+  Cluster cluster(3, TestOptions("gradlane"), tag);
   cluster.TamperFrames([&](transport::FrameHeader& h) {
     std::lock_guard<std::mutex> l(mu);
     seen[h.iteration].insert(
@@ -780,11 +781,12 @@ TEST_P(ScheduleAgreementTest, EveryRankRunsRankZerosChoice) {
 TEST_P(ScheduleAgreementTest, FollowersRelayWhatRankZeroSays) {
   const bool ring = GetParam() == GL_MODE_ALLREDUCE;
   const std::string tag = ring ? "follow-ar" : "follow-ps";
-  Cluster cluster(3, TestOptions("gradlane"), tag);
   const uint8_t fifo = sched::kDecisionValid | 1 << sched::kEpochShift | 3;
   ASSERT_EQ(sched::kGradlaneCandidates[3], "fifo");
+  // Declared before the cluster: its threads stamp frames until it is destroyed.
   std::mutex mu;
   std::map<uint16_t, std::set<uint8_t>> stamped;  // by sender rank
+  Cluster cluster(3, TestOptions("gradlane"), tag);
   cluster.TamperFrames([&](transport::FrameHeader& h) {
     if (h.type != static_cast<uint8_t>(transport::FrameType::kData)) return;
     const uint8_t byte = static_cast<uint8_t>(h.flags >> transport::kFlagScheduleShift);
