@@ -44,9 +44,9 @@ std::vector<GradlaneSelector::Candidate> FirstFifteen(
 }  // namespace
 
 GradlaneSelector::GradlaneSelector(std::vector<Candidate> candidates)
-    : candidates_(FirstFifteen(std::move(candidates))),
-      scores_(candidates_.size(), kNever),
-      scored_(candidates_.size(), 0) {}
+    : candidates_(FirstFifteen(std::move(candidates))), trials_(candidates_.size()) {
+  for (size_t i = 0; i < candidates_.size(); ++i) everyone_.push_back(i);
+}
 
 void GradlaneSelector::RegisterTensor(const TensorSpec& tensor) {
   for (Candidate& c : candidates_) c.policy->RegisterTensor(tensor);
@@ -57,26 +57,98 @@ void GradlaneSelector::OnLinkEstimate(double bytes_per_s, TimeNs rtt) {
   for (Candidate& c : candidates_) c.policy->OnLinkEstimate(bytes_per_s, rtt);
 }
 
+TimeNs GradlaneSelector::score(size_t candidate) const {
+  const Trial& t = trials_[candidate];
+  return t.periods == 0 ? kNever : t.total / t.periods;
+}
+
 size_t GradlaneSelector::TrialCandidate(int64_t iteration) const {
+  if (phase_ == Phase::kRunoff) {
+    const int64_t trial = (iteration - trials_from_) / kRunoffIterations;
+    return trial < static_cast<int64_t>(std::size(runoff_)) ? runoff_[trial] : candidates_.size();
+  }
   const int64_t trial = (iteration - trials_from_) / kTrialIterations;
   return static_cast<size_t>(std::min<int64_t>(trial, static_cast<int64_t>(candidates_.size())));
 }
 
-void GradlaneSelector::Choose() {
-  size_t best = 0;
-  bool any = false;
-  for (size_t i = 0; i < scores_.size(); ++i) {
-    if (scored_[i] != kScoredIterations) continue;  // a skipped iteration index
-    if (!any || scores_[i] < scores_[best]) best = i;
-    any = true;
+void GradlaneSelector::StartTrials(Phase phase, int64_t from) {
+  phase_ = phase;
+  trials_from_ = from;
+  if (phase == Phase::kRound) {
+    std::fill(trials_.begin(), trials_.end(), Trial{});
+  } else {
+    for (size_t c : runoff_) trials_[c] = Trial{};
   }
+}
+
+void GradlaneSelector::Score(TimeNs period) {
+  const int64_t into = iteration_ - trials_from_;
+  const size_t c = TrialCandidate(iteration_);
+  if (into < 0 || c >= candidates_.size()) return;
+  const bool runoff = phase_ == Phase::kRunoff;
+  const int64_t length = runoff ? kRunoffIterations : kTrialIterations;
+  const int64_t scored = runoff ? kRunoffScored : kScoredIterations;
+  if (into % length < length - scored) return;  // absorbs what the previous candidate left
+  Trial& t = trials_[c];
+  t.total += period;
+  ++t.periods;
+  t.shortest = std::min(t.shortest, period);
+  t.longest = std::max(t.longest, period);
+}
+
+size_t GradlaneSelector::Fastest(const size_t* among, size_t count, size_t except) const {
+  const int64_t complete = phase_ == Phase::kRunoff ? kRunoffScored : kScoredIterations;
+  size_t best = candidates_.size();
+  for (size_t k = 0; k < count; ++k) {
+    const size_t c = among[k];
+    // A trial with a skipped iteration index is incomplete: it is not chosen.
+    if (c == except || trials_[c].periods != complete) continue;
+    // Means, compared as totals of equally many periods; the earlier candidate wins ties.
+    if (best == candidates_.size() || trials_[c].total < trials_[best].total ||
+        (trials_[c].total == trials_[best].total && c < best)) {
+      best = c;
+    }
+  }
+  return best;
+}
+
+void GradlaneSelector::EndRound() {
+  const size_t best = Fastest(everyone_.data(), everyone_.size(), candidates_.size());
+  const size_t second =
+      best == candidates_.size() ? best : Fastest(everyone_.data(), everyone_.size(), best);
+  if (second == candidates_.size()) {
+    Choose(best);
+    return;
+  }
+  // Within the spread of the two's own periods: two periods do not rank them (see the header).
+  auto spread = [&](size_t c) {
+    const Trial& t = trials_[c];
+    if (t.total == 0) return 0.0;
+    return static_cast<double>(t.longest - t.shortest) * static_cast<double>(t.periods) /
+           static_cast<double>(t.total);
+  };
+  const double margin = std::max(spread(best), spread(second));
+  const double apart = static_cast<double>(trials_[second].total - trials_[best].total);
+  if (apart >= margin * static_cast<double>(trials_[best].total)) {
+    Choose(best);
+    return;
+  }
+  // The round's winner first: it is the one running if the runoff cannot score.
+  runoff_[0] = best;
+  runoff_[1] = second;
+  ++runoffs_;
+  StartTrials(Phase::kRunoff, iteration_);
   Activate(best);
-  std::fill(scored_.begin(), scored_.end(), 0);
+}
+
+void GradlaneSelector::Choose(size_t best) {
+  const bool any = best < candidates_.size();
+  Activate(any ? best : 0);
   drifted_ = 0;
   ++explorations_;
   if (any) {
-    chosen_score_ = scores_[best];
-    exploring_ = false;
+    chosen_score_ = score(best);
+    phase_ = Phase::kChosen;
     unscored_rounds_ = 0;
     return;
   }
@@ -84,47 +156,42 @@ void GradlaneSelector::Choose() {
   // run while the trials wait for the next aligned start, at most kMaxUnscoredRounds times.
   chosen_score_ = kNever;
   if (++unscored_rounds_ < kMaxUnscoredRounds) {
-    trials_from_ = (iteration_ / kTrialAlignIterations + 1) * kTrialAlignIterations;
+    StartTrials(Phase::kRound, (iteration_ / kTrialAlignIterations + 1) * kTrialAlignIterations);
   } else {
-    exploring_ = false;
+    phase_ = Phase::kChosen;
   }
 }
 
 void GradlaneSelector::StartIteration(int64_t iteration, TimeNs now) {
   if (!started_) {
     started_ = true;
-    trials_from_ = iteration + 1;  // the first iteration warms the estimates up
+    StartTrials(Phase::kRound, iteration + 1);  // the first iteration warms the estimates up
   } else if (iteration == iteration_ + 1) {
     const TimeNs period = now - iteration_start_;
-    if (exploring_) {
-      const int64_t into = iteration_ - trials_from_;
-      const size_t c = TrialCandidate(iteration_);
-      if (into >= 0 && c < scores_.size() &&
-          into % kTrialIterations >= kTrialIterations - kScoredIterations) {
-        scores_[c] = (scored_[c] == 0 ? 0 : scores_[c]) + period;
-        ++scored_[c];
-      }
+    if (exploring()) {
+      Score(period);
     } else if (chosen_score_ != kNever) {
-      const double chosen = static_cast<double>(chosen_score_) / kScoredIterations;
+      const double chosen = static_cast<double>(chosen_score_);
       const double off = static_cast<double>(period) - chosen;
       drifted_ = std::abs(off) > kDriftShare * chosen ? drifted_ + 1 : 0;
       if (drifted_ >= kDriftIterations) {
-        exploring_ = true;
-        trials_from_ = (iteration / kTrialAlignIterations + 1) * kTrialAlignIterations;
-        std::fill(scores_.begin(), scores_.end(), kNever);
-        std::fill(scored_.begin(), scored_.end(), 0);
+        StartTrials(Phase::kRound, (iteration / kTrialAlignIterations + 1) * kTrialAlignIterations);
         drifted_ = 0;
       }
     }
   }
   iteration_ = iteration;
   iteration_start_ = now;
-  if (!exploring_ || iteration < trials_from_) return;
+  if (!exploring() || iteration < trials_from_) return;
   const size_t c = TrialCandidate(iteration);
   if (c < candidates_.size()) {
     Activate(c);
+  } else if (phase_ == Phase::kRound) {
+    EndRound();
   } else {
-    Choose();
+    // A runoff that scored neither keeps the round's winner, which runs now.
+    const size_t best = Fastest(runoff_, std::size(runoff_), candidates_.size());
+    Choose(best < candidates_.size() ? best : runoff_[0]);
   }
 }
 

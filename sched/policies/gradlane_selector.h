@@ -34,13 +34,24 @@
 //    period is the time to the first push of k + 1 (with a per-layer forward pass, one full
 //    iteration of the synchronous job).
 //  * Trials: the job's first iteration warms every estimate with candidate 0 and is not
-//    measured. Then each candidate runs kTrialIterations iterations; its score is the sum of
+//    measured. Then each candidate runs kTrialIterations iterations; its score is the mean of
 //    the periods of its last kScoredIterations (the first absorbs what the previous candidate
 //    left queued; iteration times of one schedule alternate by up to 10%, so one is not enough).
 //  * Choice: the candidate with the smallest score; a candidate whose trial iteration was not
 //    seen (a skipped iteration index) is not chosen. Candidate 0 (gradlane's rules) wins ties.
 //    A round with nothing measured runs the rules and tries again at the next aligned
 //    iteration, at most kMaxUnscoredRounds times (a client whose indices skip never scores).
+//  * Runoff: two scored periods cannot rank candidates whose iteration times swing by more
+//    than they differ. At W = 8 one schedule's periods repeat in cycles of 2–8 iterations that
+//    swing by 10–25% (squeezenet1_1, ρ 2, 10 Gbit/s: prophet 8.6, 8.9, 11.8, 9.5 ms over and
+//    over, fifo 10.8, 9.9): two periods of prophet's cycle scored worse than fifo's, and the job
+//    ran 8% slower than prophet for good. So where the runner-up's score is within the spread
+//    the two measured (each candidate's longest minus shortest scored period, over its mean),
+//    the two run again for kRunoffIterations each, scored by the last kRunoffScored (whole
+//    cycles of 2, 4 or 8; of any other length up to 8, all but part of one cycle), and the
+//    faster of those is kept (the round's winner if neither runoff trial is complete).
+//    Where the periods are steady (spread 0), no runoff: a job pays for one only where its own
+//    measurements say two periods are not enough.
 //  * Drift: once chosen, a period more than kDriftShare away from the chosen score's mean on
 //    kDriftIterations consecutive iterations starts the trials again, at the next iteration
 //    that is a multiple of kTrialAlignIterations.
@@ -79,8 +90,11 @@ namespace gradlane::sched {
 inline constexpr std::string_view kGradlaneCandidates[] = {"gradlane-rules", "prophet",
                                                            "bytescheduler", "fifo", "p3"};
 inline constexpr int64_t kTrialIterations = 3;
-// The score is the time of a trial's last kScoredIterations iterations.
+// The score is the mean period of a trial's last kScoredIterations iterations.
 inline constexpr int64_t kScoredIterations = 2;
+// A runoff's trials (the best two of a round whose scores are within their own spread).
+inline constexpr int64_t kRunoffIterations = 9;
+inline constexpr int64_t kRunoffScored = 8;
 inline constexpr double kDriftShare = 0.2;
 inline constexpr int kDriftIterations = 3;
 inline constexpr int64_t kTrialAlignIterations = 8;
@@ -123,30 +137,52 @@ class GradlaneSelector final : public Policy {
   size_t active() const { return active_; }
   std::string_view active_name() const { return candidates_[active_].name; }
   std::string_view schedule() const override { return active_name(); }
-  bool exploring() const { return exploring_; }
+  bool exploring() const { return phase_ != Phase::kChosen; }
+  bool in_runoff() const { return phase_ == Phase::kRunoff; }
   bool leader() const { return rank_ == 0; }
-  // The latest trials' score of each candidate (the time of its last kScoredIterations
-  // iterations); kNever before its trial, and not chosen if an iteration of it was skipped.
-  TimeNs score(size_t candidate) const { return scores_[candidate]; }
-  // How many times the trials ran (1 after the first round).
+  // The latest trial's score of each candidate (the mean of its scored periods, from the
+  // runoff where it ran in one); kNever before its trial. A trial with a skipped scored
+  // iteration is not chosen.
+  TimeNs score(size_t candidate) const;
+  // How many times the trials ran (1 after the first round, runoff included).
   uint32_t explorations() const { return explorations_; }
+  // How many rounds of trials ended in a runoff.
+  uint32_t runoffs() const { return runoffs_; }
   size_t candidate_count() const { return candidates_.size(); }
   const Policy& candidate(size_t i) const { return *candidates_[i].policy; }
 
  private:
+  enum class Phase : uint8_t { kRound, kRunoff, kChosen };
+  // One candidate's scored periods in the current round or runoff.
+  struct Trial {
+    TimeNs total = 0;
+    int64_t periods = 0;
+    TimeNs shortest = kNever;
+    TimeNs longest = 0;
+  };
+
   void StartIteration(int64_t iteration, TimeNs now);
   // Which candidate runs iteration `iteration` of the current trials (candidate_count() when
   // the trials are over).
   size_t TrialCandidate(int64_t iteration) const;
-  void Choose();
+  // Counts the period of iteration_ (which just ended) towards its trial, if it is scored.
+  void Score(TimeNs period);
+  // The round's trials are over: choose, or run the best two again.
+  void EndRound();
+  // Keeps `best` (candidate_count(): nothing was measured).
+  void Choose(size_t best);
+  // The candidate of the smallest complete score among `among` (candidate_count() if none).
+  size_t Fastest(const size_t* among, size_t count, size_t except) const;
+  void StartTrials(Phase phase, int64_t from);
   // The leader's switch to `candidate` (a new epoch if it differs).
   void Activate(size_t candidate);
   // Whether a candidate other than the active one has bytes queued or in flight.
   bool OthersHoldBytes() const;
 
   std::vector<Candidate> candidates_;
-  std::vector<TimeNs> scores_;   // the sum of each candidate's scored periods
-  std::vector<int64_t> scored_;  // how many periods scores_ holds
+  std::vector<Trial> trials_;     // the current round's or runoff's, by candidate
+  std::vector<size_t> everyone_;  // 0, 1, ...: a round's entrants
+  size_t runoff_[2] = {0, 0};     // a runoff's entrants, in trial order
   size_t active_ = 0;
   uint16_t rank_ = 0;
   uint8_t epoch_ = 0;    // the leader's
@@ -156,11 +192,12 @@ class GradlaneSelector final : public Policy {
   bool started_ = false;
   int64_t iteration_ = 0;  // the latest iteration started on this host
   TimeNs iteration_start_ = 0;
-  bool exploring_ = true;
+  Phase phase_ = Phase::kRound;
   int64_t trials_from_ = 0;  // the iteration the current trials' first candidate starts in
   TimeNs chosen_score_ = kNever;
   int drifted_ = 0;  // consecutive periods beyond kDriftShare of chosen_score_
   uint32_t explorations_ = 0;
+  uint32_t runoffs_ = 0;
   uint32_t unscored_rounds_ = 0;  // consecutive rounds that measured nothing
 };
 

@@ -89,10 +89,66 @@ TEST(GradlaneSelectorTest, TriesEveryCandidateThenKeepsTheFastest) {
   EXPECT_EQ(ran, expected);
   EXPECT_FALSE(s->exploring());
   EXPECT_EQ(s->explorations(), 1u);
-  // Each score is the time of the trial's last two iterations.
-  EXPECT_EQ(s->score(0), 200 * kMillisecond);
-  EXPECT_EQ(s->score(1), 120 * kMillisecond);
-  EXPECT_EQ(s->score(2), 160 * kMillisecond);
+  // Each score is the mean of the trial's last two iterations; steady periods need no runoff.
+  EXPECT_EQ(s->score(0), 100 * kMillisecond);
+  EXPECT_EQ(s->score(1), 60 * kMillisecond);
+  EXPECT_EQ(s->score(2), 80 * kMillisecond);
+  EXPECT_EQ(s->runoffs(), 0u);
+}
+
+// Runs iterations [from, to) on `s` where each candidate's periods repeat a cycle of its own,
+// advanced by every iteration it runs (as a schedule's do at W = 8). Returns who ran each.
+std::vector<std::string> RunCycles(GradlaneSelector& s, int64_t from, int64_t to, TimeNs* now,
+                                   const std::map<std::string, std::vector<TimeNs>>& cycles) {
+  std::map<std::string, size_t> runs;
+  std::vector<std::string> ran;
+  for (int64_t k = from; k < to; ++k) {
+    s.OnReady(Push(k), *now);
+    const std::string name(s.active_name());
+    ran.push_back(name);
+    EXPECT_EQ(Drain(s, *now), kTensorBytes);
+    const std::vector<TimeNs>& cycle = cycles.at(name);
+    *now += cycle[runs[name]++ % cycle.size()];
+  }
+  return ran;
+}
+
+TEST(GradlaneSelectorTest, ARunoffRanksCandidatesThatTwoPeriodsCannot) {
+  auto s = MakeSelector();
+  TimeNs now = 0;
+  // b's periods cycle 80, 120, 100, 80 (mean 95): its trial scores 120 and 100 (mean 110),
+  // behind a's steady 100, but within b's own spread (20/110): a and b run again, 9
+  // iterations each scored by the last 8, and b, the faster on average, is kept.
+  const std::map<std::string, std::vector<TimeNs>> cycles = {
+      {"a", {100 * kMillisecond}},
+      {"b", {80 * kMillisecond, 120 * kMillisecond, 100 * kMillisecond, 80 * kMillisecond}},
+      {"c", {150 * kMillisecond}}};
+  const std::vector<std::string> ran = RunCycles(*s, 0, 30, &now, cycles);
+  std::vector<std::string> expected = {"a", "a", "a", "a", "b", "b", "b", "c", "c", "c"};
+  expected.insert(expected.end(), 9, "a");
+  expected.insert(expected.end(), 9, "b");
+  expected.insert(expected.end(), 2, "b");
+  EXPECT_EQ(ran, expected);
+  EXPECT_FALSE(s->exploring());
+  EXPECT_EQ(s->runoffs(), 1u);
+  EXPECT_EQ(s->active_name(), "b");
+  EXPECT_EQ(s->score(0), 100 * kMillisecond);
+  EXPECT_EQ(s->score(1), 95 * kMillisecond);
+  EXPECT_EQ(s->score(2), 150 * kMillisecond) << "the round's score of a candidate not in it";
+}
+
+TEST(GradlaneSelectorTest, NoRunoffWhereTheGapExceedsTheSpread) {
+  auto s = MakeSelector();
+  TimeNs now = 0;
+  // b cycles by 10% around 66 against a's steady 100: two periods are enough.
+  const std::map<std::string, std::vector<TimeNs>> cycles = {
+      {"a", {100 * kMillisecond}},
+      {"b", {63 * kMillisecond, 70 * kMillisecond}},
+      {"c", {150 * kMillisecond}}};
+  const std::vector<std::string> ran = RunCycles(*s, 0, 12, &now, cycles);
+  EXPECT_EQ(ran.back(), "b");
+  EXPECT_FALSE(s->exploring());
+  EXPECT_EQ(s->runoffs(), 0u);
 }
 
 TEST(GradlaneSelectorTest, TheFirstCandidateWinsATie) {

@@ -568,7 +568,7 @@ TEST(SimulatorTest, GradlaneKeepsTheBestCandidateWhereItsRulesLose) {
   SimConfig c;
   c.workers = 8;
   c.bandwidth_bits_per_s = 10e9;
-  c.warmup_iterations = 22;
+  c.warmup_iterations = 40;  // the trials and a runoff (gradlane-sim's default)
   // Three cycles of the 8-iteration pattern prophet's times repeat on this row: a 10-iteration
   // window's mean depends by a few percent on where in the cycle it starts.
   c.measured_iterations = 24;
