@@ -83,8 +83,9 @@ void GradlaneSelector::StartTrials(Phase phase, int64_t from) {
 
 void GradlaneSelector::Score(TimeNs period) {
   const int64_t into = iteration_ - trials_from_;
+  if (into < 0) return;
   const size_t c = TrialCandidate(iteration_);
-  if (into < 0 || c >= candidates_.size()) return;
+  if (c >= candidates_.size()) return;
   const bool runoff = phase_ == Phase::kRunoff;
   const int64_t length = runoff ? kRunoffIterations : kTrialIterations;
   const int64_t scored = runoff ? kRunoffScored : kScoredIterations;
@@ -133,9 +134,11 @@ void GradlaneSelector::EndRound() {
     Choose(best);
     return;
   }
-  // The round's winner first: it is the one running if the runoff cannot score.
+  // The round's winner first: it is the one kept, with its round score, if the runoff scores
+  // neither.
   runoff_[0] = best;
   runoff_[1] = second;
+  round_winner_ = trials_[best];
   ++runoffs_;
   StartTrials(Phase::kRunoff, iteration_);
   Activate(best);
@@ -189,9 +192,14 @@ void GradlaneSelector::StartIteration(int64_t iteration, TimeNs now) {
   } else if (phase_ == Phase::kRound) {
     EndRound();
   } else {
-    // A runoff that scored neither keeps the round's winner, which runs now.
-    const size_t best = Fastest(runoff_, std::size(runoff_), candidates_.size());
-    Choose(best < candidates_.size() ? best : runoff_[0]);
+    // A runoff that scored neither (skipped iteration indices) keeps the round's winner, and
+    // its round score, so that a drift can still start the trials again.
+    size_t best = Fastest(runoff_, std::size(runoff_), candidates_.size());
+    if (best == candidates_.size()) {
+      best = runoff_[0];
+      trials_[best] = round_winner_;
+    }
+    Choose(best);
   }
 }
 

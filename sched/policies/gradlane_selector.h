@@ -36,7 +36,7 @@
 //  * Trials: the job's first iteration warms every estimate with candidate 0 and is not
 //    measured. Then each candidate runs kTrialIterations iterations; its score is the mean of
 //    the periods of its last kScoredIterations (the first absorbs what the previous candidate
-//    left queued; iteration times of one schedule alternate by up to 10%, so one is not enough).
+//    left queued; iteration times of one schedule alternate, so one is not enough).
 //  * Choice: the candidate with the smallest score; a candidate whose trial iteration was not
 //    seen (a skipped iteration index) is not chosen. Candidate 0 (gradlane's rules) wins ties.
 //    A round with nothing measured runs the rules and tries again at the next aligned
@@ -49,7 +49,8 @@
 //    the two measured (each candidate's longest minus shortest scored period, over its mean),
 //    the two run again for kRunoffIterations each, scored by the last kRunoffScored (whole
 //    cycles of 2, 4 or 8; of any other length up to 8, all but part of one cycle), and the
-//    faster of those is kept (the round's winner if neither runoff trial is complete).
+//    faster of those is kept (the lower index on a tie; the round's winner, with its round
+//    score, if neither runoff trial is complete).
 //    Where the periods are steady (spread 0), no runoff: a job pays for one only where its own
 //    measurements say two periods are not enough.
 //  * Drift: once chosen, a period more than kDriftShare away from the chosen score's mean on
@@ -183,6 +184,7 @@ class GradlaneSelector final : public Policy {
   std::vector<Trial> trials_;     // the current round's or runoff's, by candidate
   std::vector<size_t> everyone_;  // 0, 1, ...: a round's entrants
   size_t runoff_[2] = {0, 0};     // a runoff's entrants, in trial order
+  Trial round_winner_;            // runoff_[0]'s round trial (its score if the runoff scores none)
   size_t active_ = 0;
   uint16_t rank_ = 0;
   uint8_t epoch_ = 0;    // the leader's

@@ -137,6 +137,27 @@ TEST(GradlaneSelectorTest, ARunoffRanksCandidatesThatTwoPeriodsCannot) {
   EXPECT_EQ(s->score(2), 150 * kMillisecond) << "the round's score of a candidate not in it";
 }
 
+TEST(GradlaneSelectorTest, ARunoffThatScoresNeitherKeepsTheRoundsWinnerAndItsScore) {
+  auto s = MakeSelector();
+  TimeNs now = 0;
+  const std::map<std::string, std::vector<TimeNs>> cycles = {
+      {"a", {100 * kMillisecond}},
+      {"b", {80 * kMillisecond, 120 * kMillisecond, 100 * kMillisecond, 80 * kMillisecond}},
+      {"c", {150 * kMillisecond}}};
+  // The round (iterations 1–9) and the runoff's first iteration (10, a's), unmeasured yet.
+  RunCycles(*s, 0, 11, &now, cycles);
+  ASSERT_TRUE(s->in_runoff());
+  // The client's indices jump past the whole runoff: nothing of it was measured.
+  RunCycles(*s, 40, 41, &now, cycles);
+  EXPECT_FALSE(s->exploring());
+  EXPECT_EQ(s->active_name(), "a");
+  EXPECT_EQ(s->score(0), 100 * kMillisecond) << "its round score";
+  // And with that score a drift is still seen: a slows to 200 ms, the trials start again.
+  RunIterations(*s, 41, 49, &now,
+                {{"a", 200 * kMillisecond}, {"b", 200 * kMillisecond}, {"c", 200 * kMillisecond}});
+  EXPECT_TRUE(s->exploring());
+}
+
 TEST(GradlaneSelectorTest, NoRunoffWhereTheGapExceedsTheSpread) {
   auto s = MakeSelector();
   TimeNs now = 0;
