@@ -113,16 +113,20 @@ std::vector<std::string> RunCycles(GradlaneSelector& s, int64_t from, int64_t to
   return ran;
 }
 
+// a steady at 100 ms, b cycling 80, 120, 100, 80 (mean 95), c steady at 150: b's round trial
+// scores 120 and 100 (mean 110), behind a, but within b's own spread (20/110).
+std::map<std::string, std::vector<TimeNs>> CyclingB() {
+  return {{"a", {100 * kMillisecond}},
+          {"b", {80 * kMillisecond, 120 * kMillisecond, 100 * kMillisecond, 80 * kMillisecond}},
+          {"c", {150 * kMillisecond}}};
+}
+
 TEST(GradlaneSelectorTest, ARunoffRanksCandidatesThatTwoPeriodsCannot) {
   auto s = MakeSelector();
   TimeNs now = 0;
-  // b's periods cycle 80, 120, 100, 80 (mean 95): its trial scores 120 and 100 (mean 110),
-  // behind a's steady 100, but within b's own spread (20/110): a and b run again, 9
-  // iterations each scored by the last 8, and b, the faster on average, is kept.
-  const std::map<std::string, std::vector<TimeNs>> cycles = {
-      {"a", {100 * kMillisecond}},
-      {"b", {80 * kMillisecond, 120 * kMillisecond, 100 * kMillisecond, 80 * kMillisecond}},
-      {"c", {150 * kMillisecond}}};
+  // a and b run again, 9 iterations each scored by the last 8, and b, the faster on average,
+  // is kept.
+  const auto cycles = CyclingB();
   const std::vector<std::string> ran = RunCycles(*s, 0, 30, &now, cycles);
   std::vector<std::string> expected = {"a", "a", "a", "a", "b", "b", "b", "c", "c", "c"};
   expected.insert(expected.end(), 9, "a");
@@ -140,10 +144,7 @@ TEST(GradlaneSelectorTest, ARunoffRanksCandidatesThatTwoPeriodsCannot) {
 TEST(GradlaneSelectorTest, ARunoffThatScoresNeitherKeepsTheRoundsWinnerAndItsScore) {
   auto s = MakeSelector();
   TimeNs now = 0;
-  const std::map<std::string, std::vector<TimeNs>> cycles = {
-      {"a", {100 * kMillisecond}},
-      {"b", {80 * kMillisecond, 120 * kMillisecond, 100 * kMillisecond, 80 * kMillisecond}},
-      {"c", {150 * kMillisecond}}};
+  const auto cycles = CyclingB();
   // The round (iterations 1–9) and the runoff's first iteration (10, a's), unmeasured yet.
   RunCycles(*s, 0, 11, &now, cycles);
   ASSERT_TRUE(s->in_runoff());
