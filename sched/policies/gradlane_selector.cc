@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -45,7 +46,7 @@ std::vector<GradlaneSelector::Candidate> FirstFifteen(
 
 GradlaneSelector::GradlaneSelector(std::vector<Candidate> candidates)
     : candidates_(FirstFifteen(std::move(candidates))), trials_(candidates_.size()) {
-  for (size_t i = 0; i < candidates_.size(); ++i) everyone_.push_back(i);
+  entrants_.reserve(candidates_.size());  // a round's and a runoff's lists never reallocate
 }
 
 void GradlaneSelector::RegisterTensor(const TensorSpec& tensor) {
@@ -63,22 +64,20 @@ TimeNs GradlaneSelector::score(size_t candidate) const {
 }
 
 size_t GradlaneSelector::TrialCandidate(int64_t iteration) const {
-  if (phase_ == Phase::kRunoff) {
-    const int64_t trial = (iteration - trials_from_) / kRunoffIterations;
-    return trial < static_cast<int64_t>(std::size(runoff_)) ? runoff_[trial] : candidates_.size();
-  }
-  const int64_t trial = (iteration - trials_from_) / kTrialIterations;
-  return static_cast<size_t>(std::min<int64_t>(trial, static_cast<int64_t>(candidates_.size())));
+  const int64_t length = phase_ == Phase::kRunoff ? kRunoffIterations : kTrialIterations;
+  const int64_t trial = (iteration - trials_from_) / length;
+  return trial < static_cast<int64_t>(entrants_.size()) ? entrants_[trial] : candidates_.size();
 }
 
 void GradlaneSelector::StartTrials(Phase phase, int64_t from) {
   phase_ = phase;
   trials_from_ = from;
   if (phase == Phase::kRound) {
-    std::fill(trials_.begin(), trials_.end(), Trial{});
-  } else {
-    for (size_t c : runoff_) trials_[c] = Trial{};
+    entrants_.resize(candidates_.size());
+    std::iota(entrants_.begin(), entrants_.end(), size_t{0});
   }
+  // A runoff keeps the round's results of those not in it (score() reports them).
+  for (size_t c : entrants_) trials_[c] = Trial{};
 }
 
 void GradlaneSelector::Score(TimeNs period) {
@@ -97,13 +96,16 @@ void GradlaneSelector::Score(TimeNs period) {
   t.longest = std::max(t.longest, period);
 }
 
-size_t GradlaneSelector::Fastest(const size_t* among, size_t count, size_t except) const {
+bool GradlaneSelector::Complete(size_t candidate) const {
   const int64_t complete = phase_ == Phase::kRunoff ? kRunoffScored : kScoredIterations;
+  return trials_[candidate].periods == complete;
+}
+
+size_t GradlaneSelector::Fastest() const {
   size_t best = candidates_.size();
-  for (size_t k = 0; k < count; ++k) {
-    const size_t c = among[k];
+  for (size_t c : entrants_) {
     // A trial with a skipped iteration index is incomplete: it is not chosen.
-    if (c == except || trials_[c].periods != complete) continue;
+    if (!Complete(c)) continue;
     // Means, compared as totals of equally many periods; the earlier candidate wins ties.
     if (best == candidates_.size() || trials_[c].total < trials_[best].total ||
         (trials_[c].total == trials_[best].total && c < best)) {
@@ -114,31 +116,42 @@ size_t GradlaneSelector::Fastest(const size_t* among, size_t count, size_t excep
 }
 
 void GradlaneSelector::EndRound() {
-  const size_t best = Fastest(everyone_.data(), everyone_.size(), candidates_.size());
-  const size_t second =
-      best == candidates_.size() ? best : Fastest(everyone_.data(), everyone_.size(), best);
-  if (second == candidates_.size()) {
+  const size_t best = Fastest();
+  if (best == candidates_.size()) {
     Choose(best);
     return;
   }
-  // Within the spread of the two's own periods: two periods do not rank them (see the header).
+  // A candidate whose round score is within the spread of its own or the winner's periods
+  // (longest minus shortest, over the mean): two periods do not rank it against the winner
+  // (see the header), so it runs again.
   auto spread = [&](size_t c) {
     const Trial& t = trials_[c];
     if (t.total == 0) return 0.0;
     return static_cast<double>(t.longest - t.shortest) * static_cast<double>(t.periods) /
            static_cast<double>(t.total);
   };
-  const double margin = std::max(spread(best), spread(second));
-  const double apart = static_cast<double>(trials_[second].total - trials_[best].total);
-  if (apart >= margin * static_cast<double>(trials_[best].total)) {
+  const double best_total = static_cast<double>(trials_[best].total);
+  // The round's winner first (it is the one kept, with its round score, if the runoff scores
+  // none), then the others by their round scores (ties: the earlier candidate).
+  size_t runoff[kCandidateMask];
+  size_t count = 0;
+  runoff[count++] = best;
+  for (size_t c : entrants_) {
+    if (c == best || !Complete(c)) continue;
+    const double apart = static_cast<double>(trials_[c].total) - best_total;
+    if (apart >= std::max(spread(best), spread(c)) * best_total) continue;
+    size_t at = count++;
+    for (; at > 1 && trials_[runoff[at - 1]].total > trials_[c].total; --at) {
+      runoff[at] = runoff[at - 1];
+    }
+    runoff[at] = c;
+  }
+  if (count == 1) {
     Choose(best);
     return;
   }
-  // The round's winner first: it is the one kept, with its round score, if the runoff scores
-  // neither.
-  runoff_[0] = best;
-  runoff_[1] = second;
   round_winner_ = trials_[best];
+  entrants_.assign(runoff, runoff + count);
   ++runoffs_;
   StartTrials(Phase::kRunoff, iteration_);
   Activate(best);
@@ -192,11 +205,11 @@ void GradlaneSelector::StartIteration(int64_t iteration, TimeNs now) {
   } else if (phase_ == Phase::kRound) {
     EndRound();
   } else {
-    // A runoff that scored neither (skipped iteration indices) keeps the round's winner, and
+    // A runoff that scored none (skipped iteration indices) keeps the round's winner, and
     // its round score, so that a drift can still start the trials again.
-    size_t best = Fastest(runoff_, std::size(runoff_), candidates_.size());
+    size_t best = Fastest();
     if (best == candidates_.size()) {
-      best = runoff_[0];
+      best = entrants_.front();
       trials_[best] = round_winner_;
     }
     Choose(best);

@@ -45,14 +45,18 @@
 //    than they differ. At W = 8 one schedule's periods repeat in cycles of 2–8 iterations that
 //    swing by 10–25% (squeezenet1_1, ρ 2, 10 Gbit/s: prophet 8.6, 8.9, 11.8, 9.5 ms over and
 //    over, fifo 10.8, 9.9): two periods of prophet's cycle scored worse than fifo's, and the job
-//    ran 8% slower than prophet for good. So where the runner-up's score is within the spread
-//    the two measured (each candidate's longest minus shortest scored period, over its mean),
-//    the two run again for kRunoffIterations each, scored by the last kRunoffScored (whole
-//    cycles of 2, 4 or 8; of any other length up to 8, all but part of one cycle), and the
-//    faster of those is kept (the lower index on a tie; the round's winner, with its round
-//    score, if neither runoff trial is complete).
+//    ran 8% slower than prophet for good. So every candidate whose round score is within the
+//    spread of the winner's or its own periods (longest minus shortest scored period, over the
+//    mean) runs again, with the winner, for kRunoffIterations each, scored by the last
+//    kRunoffScored (whole cycles of 2, 4 or 8; of any other length up to 8, all but part of
+//    one cycle), and the fastest of those is kept (the lower index on a tie; the round's
+//    winner, with its round score, if no runoff trial is complete). Every one within the
+//    spread, not only the runner-up: with the best two only, squeezenet1_1 at ρ 1, 1 Gbit/s,
+//    W = 8 ran a runoff of the rules and bytescheduler while prophet, third in the round by
+//    4% and 2% faster than both over many iterations, never ran again.
 //    Where the periods are steady (spread 0), no runoff: a job pays for one only where its own
-//    measurements say two periods are not enough.
+//    measurements say two periods are not enough, and the entrants are by that measure as fast
+//    as the winner, so running them costs little.
 //  * Drift: once chosen, a period more than kDriftShare away from the chosen score's mean on
 //    kDriftIterations consecutive iterations starts the trials again, at the next iteration
 //    that is a multiple of kTrialAlignIterations.
@@ -93,7 +97,7 @@ inline constexpr std::string_view kGradlaneCandidates[] = {"gradlane-rules", "pr
 inline constexpr int64_t kTrialIterations = 3;
 // The score is the mean period of a trial's last kScoredIterations iterations.
 inline constexpr int64_t kScoredIterations = 2;
-// A runoff's trials (the best two of a round whose scores are within their own spread).
+// A runoff's trials (the round's candidates within their spread of its winner).
 inline constexpr int64_t kRunoffIterations = 9;
 inline constexpr int64_t kRunoffScored = 8;
 inline constexpr double kDriftShare = 0.2;
@@ -149,6 +153,10 @@ class GradlaneSelector final : public Policy {
   uint32_t explorations() const { return explorations_; }
   // How many rounds of trials ended in a runoff.
   uint32_t runoffs() const { return runoffs_; }
+  // The leader's current or latest trials' candidates, in trial order (a runoff's: the round's
+  // winner first, then the others in it by round score). Empty before the first iteration and
+  // on followers, which run no trials.
+  const std::vector<size_t>& entrants() const { return entrants_; }
   size_t candidate_count() const { return candidates_.size(); }
   const Policy& candidate(size_t i) const { return *candidates_[i].policy; }
 
@@ -168,12 +176,14 @@ class GradlaneSelector final : public Policy {
   size_t TrialCandidate(int64_t iteration) const;
   // Counts the period of iteration_ (which just ended) towards its trial, if it is scored.
   void Score(TimeNs period);
-  // The round's trials are over: choose, or run the best two again.
+  // The round's trials are over: choose, or run the ones too close to call again.
   void EndRound();
   // Keeps `best` (candidate_count(): nothing was measured).
   void Choose(size_t best);
-  // The candidate of the smallest complete score among `among` (candidate_count() if none).
-  size_t Fastest(const size_t* among, size_t count, size_t except) const;
+  // Whether `candidate`'s trial in the current round or runoff scored every period.
+  bool Complete(size_t candidate) const;
+  // The entrant of the smallest complete score (candidate_count() if none).
+  size_t Fastest() const;
   void StartTrials(Phase phase, int64_t from);
   // The leader's switch to `candidate` (a new epoch if it differs).
   void Activate(size_t candidate);
@@ -181,10 +191,11 @@ class GradlaneSelector final : public Policy {
   bool OthersHoldBytes() const;
 
   std::vector<Candidate> candidates_;
-  std::vector<Trial> trials_;     // the current round's or runoff's, by candidate
-  std::vector<size_t> everyone_;  // 0, 1, ...: a round's entrants
-  size_t runoff_[2] = {0, 0};     // a runoff's entrants, in trial order
-  Trial round_winner_;            // runoff_[0]'s round trial (its score if the runoff scores none)
+  std::vector<Trial> trials_;  // the current round's or runoff's, by candidate
+  // The current (or latest) trials' candidates in trial order: 0, 1, ... in a round; in a
+  // runoff the round's winner, then the others in it by round score.
+  std::vector<size_t> entrants_;
+  Trial round_winner_;  // entrants_[0]'s round trial (its score if the runoff scores none)
   size_t active_ = 0;
   uint16_t rank_ = 0;
   uint8_t epoch_ = 0;    // the leader's

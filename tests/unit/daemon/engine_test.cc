@@ -747,7 +747,7 @@ TEST_P(ScheduleAgreementTest, EveryRankRunsRankZerosChoice) {
               5};
   job.mode = GetParam();
   // One warm-up iteration, three for each of five candidates, then from 16 on the choice or a
-  // runoff of the best two: either way one decision that every rank runs.
+  // runoff of those too close to call: either way one decision that every rank runs.
   constexpr int kIterations = 20;
   RunJob(cluster, job, kIterations, /*mean=*/false);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(cluster.Stats(i).jobs_failed, 0u) << "daemon " << i;

@@ -141,7 +141,40 @@ TEST(GradlaneSelectorTest, ARunoffRanksCandidatesThatTwoPeriodsCannot) {
   EXPECT_EQ(s->score(2), 150 * kMillisecond) << "the round's score of a candidate not in it";
 }
 
-TEST(GradlaneSelectorTest, ARunoffThatScoresNeitherKeepsTheRoundsWinnerAndItsScore) {
+// Five candidates of which four are too close to call in the round. b wins the round (94, 104:
+// 99 ms); a (105) and c are within b's spread (10/99), e only within its own (80, 140: 110 ms,
+// beyond b's spread, within e's 60/110); d (150) is beyond both. Over whole cycles c is the
+// fastest (90 ms; b 99, a 105, e 115), though its round periods (124, 84: 104) rank it third.
+std::map<std::string, std::vector<TimeNs>> FourTooCloseToCall() {
+  return {{"a", {105 * kMillisecond}},
+          {"b", {100 * kMillisecond, 94 * kMillisecond, 104 * kMillisecond, 98 * kMillisecond}},
+          {"c", {60 * kMillisecond, 124 * kMillisecond, 84 * kMillisecond, 92 * kMillisecond}},
+          {"d", {150 * kMillisecond}},
+          {"e", {120 * kMillisecond, 80 * kMillisecond, 140 * kMillisecond, 120 * kMillisecond}}};
+}
+
+// The runoff takes every candidate within the spread, not only the round's best two.
+TEST(GradlaneSelectorTest, ARunoffTakesEveryCandidateWithinTheSpread) {
+  auto s = MakeSelector(5);
+  TimeNs now = 0;
+  const std::vector<std::string> ran = RunCycles(*s, 0, 56, &now, FourTooCloseToCall());
+  std::vector<std::string> expected = {"a"};
+  for (const char* name : {"a", "b", "c", "d", "e"}) expected.insert(expected.end(), 3, name);
+  // The round's winner first, then the others by their round scores.
+  for (const char* name : {"b", "c", "a", "e"}) expected.insert(expected.end(), 9, name);
+  expected.insert(expected.end(), 4, "c");
+  EXPECT_EQ(ran, expected);
+  EXPECT_EQ(s->entrants(), (std::vector<size_t>{1, 2, 0, 4}));
+  EXPECT_FALSE(s->exploring());
+  EXPECT_EQ(s->runoffs(), 1u);
+  EXPECT_EQ(s->active_name(), "c");
+  EXPECT_EQ(s->score(2), 90 * kMillisecond);
+  EXPECT_EQ(s->score(1), 99 * kMillisecond);
+  EXPECT_EQ(s->score(4), 115 * kMillisecond);
+  EXPECT_EQ(s->score(3), 150 * kMillisecond) << "the round's score of a candidate not in it";
+}
+
+TEST(GradlaneSelectorTest, ARunoffThatScoresNoneKeepsTheRoundsWinnerAndItsScore) {
   auto s = MakeSelector();
   TimeNs now = 0;
   const auto cycles = CyclingB();
@@ -416,6 +449,40 @@ TEST(GradlaneSelectorTest, NoAllocationOnceEveryCandidateHasRun) {
   EXPECT_EQ(gradlane_test::HeapAllocations() - before, 0u);
   EXPECT_EQ(s->explorations(), 2u);
   EXPECT_EQ(s->queued_segments(), 0u);
+}
+
+// A runoff, and a new round after it (the entrants back to every candidate), allocate nothing.
+TEST(GradlaneSelectorTest, NoAllocationThroughARunoffAndANewRound) {
+  auto s = MakeSelector(5);
+  TimeNs now = 0;
+  const auto named = FourTooCloseToCall();
+  RunCycles(*s, 0, 16, &now, named);  // every candidate has run; iteration 16 starts the runoff
+  std::vector<std::vector<TimeNs>> cycles;
+  for (const auto& [name, cycle] : named) cycles.push_back(cycle);  // "a".."e": by candidate
+  std::vector<size_t> runs(cycles.size(), 0);
+  Dispatch dispatch;
+  dispatch.segments.reserve(1024);
+  const uint64_t before = gradlane_test::HeapAllocations();
+  // The runoff ends at 52; from 55 every period is 300 ms, a drift, so a new round runs in
+  // 64..78 and ends at 79 (steady periods: no runoff).
+  for (int64_t k = 16; k < 80; ++k) {
+    s->OnReady(Push(k), now);
+    if (k == 16) {
+      EXPECT_TRUE(s->in_runoff());
+    }
+    for (int guard = 0; s->queued_segments() > 0 && guard < 100000; ++guard) {
+      uint64_t batch = 0;
+      while (s->NextDispatch(now, dispatch)) batch += dispatch.bytes;
+      s->OnAcked(batch, now);
+    }
+    const std::vector<TimeNs>& cycle = cycles[s->active()];
+    now += k < 55 ? cycle[runs[s->active()]++ % cycle.size()] : 300 * kMillisecond;
+  }
+  EXPECT_EQ(gradlane_test::HeapAllocations() - before, 0u);
+  EXPECT_FALSE(s->exploring());
+  EXPECT_EQ(s->explorations(), 2u);
+  EXPECT_EQ(s->runoffs(), 1u);
+  EXPECT_EQ(s->entrants().size(), 5u) << "the new round's entrants: every candidate";
 }
 
 }  // namespace
