@@ -432,6 +432,14 @@ int main(int argc, char** argv) {
                 << ": iterations";
       for (TimeNs t : r.iteration_ns) std::cout << absl::StrFormat(" %.3f", t / 1e6);
       std::cout << "\n";
+      // What gradlane ran when: its trials, any runoff, and its choice.
+      if (r.schedules.size() > 1) {
+        std::cout << "  host 0 ran";
+        for (const sim::ScheduleChange& c : r.schedules) {
+          std::cout << " " << c.schedule << " from " << c.iteration;
+        }
+        std::cout << "\n";
+      }
       for (size_t h = 0; h < r.links.size(); ++h) {
         const sim::LinkStats& l = r.links[h];
         std::cout << absl::StrFormat(

@@ -286,6 +286,8 @@ class Engine {
   void Aggregated(int shard, const AggJob& job, TimeNs now);
   void WorkerReceive(int w, int64_t iteration, uint32_t tensor, uint64_t bytes, TimeNs now);
   void Enqueue(int host, const ReadyRange& range, TimeNs now);
+  // Records host 0's schedule where it changed (SimResult::schedules).
+  void NoteSchedule(int host, int64_t iteration);
   // Whether worker w holds tensor t's result of an iteration (all-reduce bound: also port w−1).
   bool ResultReady(int w, int64_t iteration, uint32_t tensor) const;
 
@@ -366,6 +368,8 @@ class Engine {
 
   std::vector<Worker> workers_;
   std::vector<Host> hosts_;
+  // Host 0's Policy::schedule() from each iteration it changed in (NoteSchedule).
+  std::vector<ScheduleChange> schedules_;
   // Per worker: bytes of each (iteration, tensor) result received.
   std::vector<std::vector<uint64_t>> received_;  // [w][iteration * L + tensor]
   // Per shard: contributions of each (iteration, tensor), created on first touch.
@@ -578,6 +582,7 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory, std::string_
     result.iteration_ns.push_back(latest_start(k + 1) - latest_start(k));
   }
   result.total_ns = latest_start(total_);
+  result.schedules = std::move(schedules_);
   const double measured = config_.measured_iterations;
   result.mean_iteration_ns =
       static_cast<double>(latest_start(total_) - latest_start(config_.warmup_iterations)) /
@@ -684,6 +689,15 @@ void Engine::OnGradientsReady(int w, int64_t iteration, size_t group, TimeNs now
   if (!ideal_) Pump(w, now);
 }
 
+void Engine::NoteSchedule(int host, int64_t iteration) {
+  // Host 0 leads gradlane's choice (every other host runs what it decided); a policy switches
+  // only where an iteration's ranges start, so one comparison per ready range finds each switch.
+  if (host != 0) return;
+  const std::string_view now_running = hosts_[0].policy->schedule();
+  if (!schedules_.empty() && schedules_.back().schedule == now_running) return;
+  schedules_.push_back({iteration, std::string(now_running)});
+}
+
 void Engine::Enqueue(int host, const ReadyRange& range, TimeNs now) {
   if (ideal_) {
     hosts_[host].ideal_up.insert(IdealItem{
@@ -692,6 +706,7 @@ void Engine::Enqueue(int host, const ReadyRange& range, TimeNs now) {
     RequestIdealSchedule(now);
   } else {
     hosts_[host].policy->OnReady(range, now);
+    NoteSchedule(host, range.iteration);
   }
 }
 
@@ -1228,6 +1243,7 @@ void Engine::RingSend(int host, int64_t iteration, uint32_t tensor, size_t chunk
   range.offset = offset;
   range.length = length;
   hosts_[host].policy->OnReady(range, now);
+  NoteSchedule(host, range.iteration);
 }
 
 void Engine::PortArrive(int host, int64_t iteration, uint32_t tensor, uint64_t bytes, TimeNs now) {

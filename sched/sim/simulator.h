@@ -205,6 +205,12 @@ struct LinkStats {
   double up_messages = 0;
 };
 
+// From `iteration` on, host 0 ran `schedule` (Policy::schedule(): gradlane's candidate).
+struct ScheduleChange {
+  int64_t iteration = 0;
+  std::string schedule;
+};
+
 struct SimResult {
   std::string policy;
   std::string variant;               // the ideal bound: which port's relaxation gave it
@@ -221,7 +227,10 @@ struct SimResult {
   double alpha = 0;              // (N + C − T) / min(N, C)
   double rho = 0;                // (2(W−1)/W · bytes / B) / C
   std::vector<LinkStats> links;  // one per host
-  int64_t events = 0;            // events processed (cost of the run)
+  // Host 0's schedule from iteration 0 on, one entry per change: gradlane's trials, runoff and
+  // choice; one entry for a policy that is one schedule. Empty for the ideal bound.
+  std::vector<ScheduleChange> schedules;
+  int64_t events = 0;  // events processed (cost of the run)
 };
 
 // Checks a config against a profile (ranges, priorities' length); the simulators call it too.

@@ -11,7 +11,9 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -568,13 +570,14 @@ TEST(SimulatorTest, GradlaneKeepsTheBestCandidateWhereItsRulesLose) {
   SimConfig c;
   c.workers = 8;
   c.bandwidth_bits_per_s = 10e9;
-  c.warmup_iterations = 40;  // the trials and a runoff (gradlane-sim's default)
+  c.warmup_iterations = 64;  // the trials and a runoff (gradlane-sim's default)
   // Three cycles of the 8-iteration pattern prophet's times repeat on this row: a 10-iteration
   // window's mean depends by a few percent on where in the cycle it starts.
   c.measured_iterations = 24;
   ASSERT_TRUE(ScaleComputeToRho(p, c, 2.0));
   const uint64_t unit = ShardUnitBytes(p, c);
   std::map<std::string, TimeNs> t;
+  SimResult gradlane;
   for (const char* name :
        {"fifo", "p3", "bytescheduler", "prophet", "gradlane", "gradlane-rules"}) {
     const uint64_t own = DefaultPartitionBytes(name, DType::kF32);
@@ -591,7 +594,23 @@ TEST(SimulatorTest, GradlaneKeepsTheBestCandidateWhereItsRulesLose) {
         name);
     ASSERT_TRUE(r.ok()) << name << ": " << r.status();
     t[name] = r->mean_iteration_ns;
+    if (std::string_view(name) == "gradlane") {
+      gradlane = *std::move(r);
+    } else {
+      EXPECT_EQ(r->schedules.size(), 1u) << name << " is one schedule throughout";
+    }
   }
+  // What rank 0 ran: the five trials from iteration 1 (the first candidate also warms up in
+  // 0), then any runoff, and its choice before the measured window.
+  ASSERT_GE(gradlane.schedules.size(), 6u);
+  const std::vector<std::pair<int64_t, std::string>> trials = {
+      {0, "gradlane-rules"}, {4, "prophet"}, {7, "bytescheduler"}, {10, "fifo"}, {13, "p3"}};
+  for (size_t i = 0; i < trials.size(); ++i) {
+    EXPECT_EQ(gradlane.schedules[i].iteration, trials[i].first);
+    EXPECT_EQ(gradlane.schedules[i].schedule, trials[i].second);
+  }
+  EXPECT_EQ(gradlane.schedules[5].iteration, 16);
+  EXPECT_LE(gradlane.schedules.back().iteration, c.warmup_iterations) << "chosen before measuring";
   const TimeNs best_seed = std::min({t["fifo"], t["p3"], t["bytescheduler"], t["prophet"]});
   EXPECT_GT(static_cast<double>(t["gradlane-rules"]), 1.05 * static_cast<double>(best_seed))
       << "the premise: the rules lose on this row";
