@@ -87,7 +87,8 @@ ABSL_FLAG(double, rho, 0,
           "(2(W-1)/W · model bytes / B) / C takes this value at the given bandwidth and W; "
           "0 = the profile's own times");
 ABSL_FLAG(bool, details, false,
-          "after the rows, print each policy's per-iteration times and per-host link traffic");
+          "after the rows, print each policy's per-iteration times and per-host link traffic (and "
+          "what gradlane ran when)");
 ABSL_FLAG(bool, fluid, false,
           "also print the all-ports fluid priority schedule (a reference, not a bound)");
 
