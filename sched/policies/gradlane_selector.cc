@@ -133,6 +133,8 @@ void GradlaneSelector::EndRound() {
   const double best_total = static_cast<double>(trials_[best].total);
   // The round's winner first (it is the one kept, with its round score, if the runoff scores
   // none), then the others by their round scores (ties: the earlier candidate).
+  // Built here, not in entrants_ (which the loop reads), on the stack: no allocation. At most
+  // kCandidateMask candidates (FirstFifteen).
   size_t runoff[kCandidateMask];
   size_t count = 0;
   runoff[count++] = best;

@@ -228,7 +228,8 @@ struct SimResult {
   double rho = 0;                // (2(W−1)/W · bytes / B) / C
   std::vector<LinkStats> links;  // one per host
   // Host 0's schedule from iteration 0 on, one entry per change: gradlane's trials, runoff and
-  // choice; one entry for a policy that is one schedule. Empty for the ideal bound.
+  // choice; one entry for a policy that is one schedule. Empty for the ideal bound and the
+  // fluid reference.
   std::vector<ScheduleChange> schedules;
   int64_t events = 0;  // events processed (cost of the run)
 };
