@@ -6,7 +6,9 @@
 # flush case: kill -9 of one daemon mid-job; the other ranks must get error completions (their
 # queue pairs flush, the TCP connections reset) within the bound, the survivors stay up, and a
 # job on a restarted daemon is bit-exact. The stopped case: SIGSTOP of one daemon mid-job; the
-# others must fail it within the bound (no reply, no completion for --peer_timeout). After the W=3 jobs, daemon 0's `gradlanectl status`
+# others must fail it within the bound (no reply, no completion for --peer_timeout). While the W=3
+# gradlane job runs, daemon 0's `gradlanectl peers` must show each peer's RDMA bytes both ways
+# (the segments never touch the TCP connections). After the W=3 jobs, daemon 0's `gradlanectl status`
 # and its /metrics must show the verbs backend on rxe0 and nonzero eager and rendezvous counters
 # both ways, no RNR and no refused registration (and the port's hw_counters where sysfs has them).
 #   verbs_exact.sh GRADLANED GRADLANE-CHECK [GRADLANECTL]
@@ -30,19 +32,50 @@ bound=$((2 * pt + 3))
 gl_env_init 3
 gl_daemon_start 0 --peer_timeout=${pt}s --metrics_address=127.0.0.1:0
 for i in 1 2; do gl_daemon_start "$i" --peer_timeout=${pt}s; done
+line=$(grep -m1 'gradlaned: ops metrics=' "$GL_TMP/daemon0.err")
+[[ $line =~ metrics=([^ ]+)\ admin=([^ ]+) ]] || it_fail "no metrics/admin address in '$line'"
+metrics=${BASH_REMATCH[1]} admin=${BASH_REMATCH[2]}
+
+# Daemon 0's `gradlanectl peers` while job $1 runs (its clients linger after their last
+# iteration, so the job stays up until this has looked): both peers up, each with at least
+# 100 kB of RDMA data sent and received (a rank pushes about 400 kB per peer and iteration here;
+# the TCP connections carry only the hellos and set-up frames, a few hundred bytes).
+verbs_peers_check() {
+  local job=$1 r running
+  while :; do
+    "$CTL" --socket="$admin" --json peers >"$GL_TMP/ctl-peers.json" 2>/dev/null || true
+    python3 - "$GL_TMP/ctl-peers.json" "$job" <<'PY' && break
+import json, sys
+try:
+    peers = [p for p in json.load(open(sys.argv[1]))["peers"] if p["job"] == sys.argv[2]]
+except (ValueError, KeyError):
+    sys.exit(1)
+ok = len(peers) == 2 and all(p["state"] == "up" and p["bytes_sent"] >= 100000 and
+                             p["bytes_received"] >= 100000 for p in peers)
+sys.exit(0 if ok else 1)
+PY
+    running=0
+    for r in 0 1 2; do kill -0 "${GL_PID[$job.r$r]}" 2>/dev/null && running=1; done
+    ((running)) || it_fail "job $job ended before gradlanectl peers showed its RDMA bytes: $(cat "$GL_TMP/ctl-peers.json")"
+    sleep 0.2
+  done
+  "$CTL" --socket="$admin" peers | grep -E "^$job "
+  echo "gradlanectl peers: both peers of $job up, >= 100 kB of RDMA data each way"
+}
+
 seed=300
 for policy in gradlane fifo; do
   seed=$((seed + 1))
   t0=$SECONDS
-  it_job_start "v3-$policy" "$policy" 3 "$seed" -- --quiet "${sizes[@]}"
+  linger=()
+  [[ $policy == gradlane && -x $CTL ]] && linger=(--linger_ms=10000)
+  it_job_start "v3-$policy" "$policy" 3 "$seed" -- --quiet "${sizes[@]}" "${linger[@]}"
+  ((${#linger[@]})) && verbs_peers_check "v3-$policy"
   it_job_wait "v3-$policy" 200 || it_fail "W=3 $policy over verbs: a rank failed (above)"
   echo "W=3 $policy: 3 ranks x 3 iterations bit-exact over verbs ($((SECONDS - t0)) s)"
 done
 
 # What daemon 0 says about its backend after those jobs: gradlanectl and the metrics endpoint.
-line=$(grep -m1 'gradlaned: ops metrics=' "$GL_TMP/daemon0.err")
-[[ $line =~ metrics=([^ ]+)\ admin=([^ ]+) ]] || it_fail "no metrics/admin address in '$line'"
-metrics=${BASH_REMATCH[1]} admin=${BASH_REMATCH[2]}
 hw=/sys/class/infiniband/rxe0/ports/1/hw_counters
 if [[ -x $CTL ]]; then
   "$CTL" --socket="$admin" status | tee "$GL_TMP/ctl-status.txt" | grep -E '^(backend|rdma|registrations|transport) '

@@ -82,13 +82,15 @@ absl::Status ChannelLimits::Validate() const {
 // ------------------------------------------------------------------------------------------ sender
 
 VerbsSender::VerbsSender(QueuePair& qp, const ChannelLimits& limits, const SenderMemory& memory,
-                         SenderEvents& events, VerbsCounters* counters)
+                         SenderEvents& events, VerbsCounters* counters, PeerCounters* peer)
     : qp_(qp),
       limits_(limits),
       memory_(memory),
       events_(events),
       own_counters_(counters == nullptr ? std::make_unique<VerbsCounters>() : nullptr),
       counters_(counters == nullptr ? *own_counters_ : *counters),
+      own_peer_(peer == nullptr ? std::make_unique<PeerCounters>() : nullptr),
+      peer_(peer == nullptr ? *own_peer_ : *peer),
       pending_(limits.reply_entries) {
   counters_.queue_pairs.Add_st(1);
 }
@@ -167,6 +169,7 @@ void VerbsSender::PostReady() {
       ++write_seq_;
       counters_.rendezvous_writes.Add_st(1);
       counters_.rendezvous_bytes.Add_st(p.segment.header.length);
+      peer_.bytes_sent.Add_st(p.segment.header.length);
       credit_stalled_ = false;
     }
     if (header_seq_ == next_seq_) return;
@@ -190,9 +193,12 @@ void VerbsSender::PostReady() {
     p.state = State::kHeaderSent;
     ++(p.eager ? eager_sent_ : rendezvous_sent_);
     ++header_seq_;
+    // A rendezvous segment's frame is its header; its bytes are counted when they are written.
+    peer_.frames_sent.Add_st(1);
     if (p.eager) {
       counters_.eager_sends.Add_st(1);
       counters_.eager_bytes.Add_st(p.segment.header.length);
+      peer_.bytes_sent.Add_st(p.segment.header.length);
     } else {
       counters_.rendezvous_headers.Add_st(1);
     }
@@ -285,10 +291,12 @@ void VerbsSender::CompleteInOrder() {
     if (p.state == State::kAcked) {
       ++done_seq_;
       counters_.segments_acked.Add_st(1);
+      peer_.acks_received.Add_st(1);
       events_.OnSendAcked_st(p.segment.cookie);
     } else if (p.state == State::kRefused) {
       ++done_seq_;
       counters_.segments_failed.Add_st(1);
+      peer_.sends_failed.Add_st(1);
       events_.OnSendFailed_st(p.segment.cookie,
                               absl::NotFoundError("the receiver had no destination for it"));
     } else {
@@ -303,6 +311,7 @@ void VerbsSender::Fail(const absl::Status& why, bool count) {
   if (count) counters_.channel_failures.Add_st(1);
   PublishCredits();
   counters_.segments_failed.Add_st(next_seq_ - done_seq_);
+  peer_.sends_failed.Add_st(next_seq_ - done_seq_);
   for (; done_seq_ < next_seq_; ++done_seq_) {
     events_.OnSendFailed_st(At(done_seq_).segment.cookie, why);
   }
@@ -317,13 +326,15 @@ namespace gradlane::transport::verbs {
 
 VerbsReceiver::VerbsReceiver(QueuePair& qp, const ChannelLimits& limits,
                              const ReceiverMemory& memory, ReceiverEvents& events,
-                             VerbsCounters* counters)
+                             VerbsCounters* counters, PeerCounters* peer)
     : qp_(qp),
       limits_(limits),
       memory_(memory),
       events_(events),
       own_counters_(counters == nullptr ? std::make_unique<VerbsCounters>() : nullptr),
       counters_(counters == nullptr ? *own_counters_ : *counters),
+      own_peer_(peer == nullptr ? std::make_unique<PeerCounters>() : nullptr),
+      peer_(peer == nullptr ? *own_peer_ : *peer),
       awaiting_(limits.reply_entries),
       queued_replies_(limits.reply_entries) {
   counters_.queue_pairs.Add_st(1);
@@ -429,6 +440,7 @@ void VerbsReceiver::OnReceive(const Completion& c) {
   if (!target.accept) {
     ++refused_;
     counters_.segments_refused.Add_st(1);
+    peer_.frames_received.Add_st(1);
     events_.OnSegmentRefused_st(h);
     return QueueReply(seq, ReplyKind::kRefuse, 0, 0);
   }
@@ -437,6 +449,8 @@ void VerbsReceiver::OnReceive(const Completion& c) {
     ++placed_;
     counters_.eager_received.Add_st(1);
     counters_.eager_recv_bytes.Add_st(payload);
+    peer_.frames_received.Add_st(1);
+    peer_.bytes_received.Add_st(payload);
     events_.OnSegmentPlaced_st(h, target);
     return QueueReply(seq, ReplyKind::kAck, 0, 0);
   }
@@ -460,6 +474,8 @@ void VerbsReceiver::OnWriteArrived(const Completion& c) {
   ++placed_;
   counters_.rendezvous_received.Add_st(1);
   counters_.rendezvous_recv_bytes.Add_st(c.byte_len);
+  peer_.frames_received.Add_st(1);
+  peer_.bytes_received.Add_st(c.byte_len);
   events_.OnSegmentPlaced_st(a.header, a.target);
 }
 

@@ -24,8 +24,10 @@
 //   - An error or flush completion, or a reply that breaks the protocol, fails the channel: the
 //     sender fails its pending sends in order and reports down, once.
 // Counters: both ends count what they do into the VerbsCounters they are given
-// (verbs_counters.h; one set per transport, shared by its channels), on the engine thread, a
-// relaxed load+store per event as every backend's counters.
+// (verbs_counters.h; one set per transport, shared by its channels), and this connection's
+// bytes, frames, acknowledgements and failed sends into the PeerCounters they are given (the
+// per-peer figures every backend keeps, transport/counters.h: what `gradlanectl peers` shows),
+// on the engine thread, a relaxed load+store per event as every backend's counters.
 // Thread rules: engine thread only. Ownership: the channel borrows the queue pair, the memory
 // and the events object; they outlive it.
 #ifndef GRADLANE_TRANSPORT_VERBS_VERBS_CHANNEL_H_
@@ -36,6 +38,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "transport/transport.h"
 #include "transport/verbs/verbs_counters.h"
 #include "transport/verbs/verbs_queue_pair.h"
 #include "transport/verbs/verbs_wire.h"
@@ -96,9 +99,11 @@ class VerbsSender {
  public:
   // The peer's limits (recv_slots, slot_bytes) come from its hello; reply_entries,
   // send_queue_depth and signal_every are this side's. Allocates the pending table (control
-  // path). Counts into `counters` (null: counters of its own, for tests that do not look).
+  // path). Counts into `counters` and `peer` (null: counters of its own, for tests that do not
+  // look).
   VerbsSender(QueuePair& qp, const ChannelLimits& limits, const SenderMemory& memory,
-              SenderEvents& events, VerbsCounters* counters = nullptr);
+              SenderEvents& events, VerbsCounters* counters = nullptr,
+              PeerCounters* peer = nullptr);
   // Takes its queue pair and its credits out of the gauges.
   ~VerbsSender();
   VerbsSender(const VerbsSender&) = delete;
@@ -164,6 +169,8 @@ class VerbsSender {
   SenderEvents& events_;
   std::unique_ptr<VerbsCounters> own_counters_;  // when none were given
   VerbsCounters& counters_;
+  std::unique_ptr<PeerCounters> own_peer_;  // when none were given
+  PeerCounters& peer_;
   std::vector<Pending> pending_;     // ring of reply_entries, indexed by seq
   uint64_t next_seq_ = 0;            // the next segment's seq
   uint64_t header_seq_ = 0;          // the next header to post
@@ -221,9 +228,10 @@ struct ReceiverMemory {
 class VerbsReceiver {
  public:
   // reply_entries is the sender's (from its hello). Allocates the rendezvous table. Counts into
-  // `counters` (null: counters of its own).
+  // `counters` and `peer` (null: counters of its own).
   VerbsReceiver(QueuePair& qp, const ChannelLimits& limits, const ReceiverMemory& memory,
-                ReceiverEvents& events, VerbsCounters* counters = nullptr);
+                ReceiverEvents& events, VerbsCounters* counters = nullptr,
+                PeerCounters* peer = nullptr);
   ~VerbsReceiver();  // takes its queue pair out of the gauge
   VerbsReceiver(const VerbsReceiver&) = delete;
   VerbsReceiver& operator=(const VerbsReceiver&) = delete;
@@ -268,6 +276,8 @@ class VerbsReceiver {
   ReceiverEvents& events_;
   std::unique_ptr<VerbsCounters> own_counters_;  // when none were given
   VerbsCounters& counters_;
+  std::unique_ptr<PeerCounters> own_peer_;  // when none were given
+  PeerCounters& peer_;
   std::vector<Awaiting> awaiting_;  // rendezvous segments cleared to send, by seq % entries
   // Replies decided but not yet posted (send queue full), in order: ring of reply_entries.
   std::vector<ReplyEntry> queued_replies_;

@@ -126,6 +126,7 @@ absl::StatusOr<std::unique_ptr<VerbsTransport>> VerbsTransport::Create(
   t->setup_region_ = *setup;
   for (uint32_t i = options.max_connections; i > 0; --i) t->free_setup_slots_.push_back(i - 1);
   t->region_keys_.resize(options.max_regions);
+  t->peer_slots_ = std::make_unique<PeerSlot[]>(options.max_connections);
   t->epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (t->epoll_fd_ < 0) return absl::InternalError("epoll_create1 failed");
   for (int fd : {t->tcp_->capabilities().wait_fd, t->device_->completion_fd()}) {
@@ -310,7 +311,7 @@ absl::Status VerbsTransport::StartReceiver_st(Conn& c) {
       *c.qp, l,
       ReceiverMemory{c.slots.data(), c.slots_mr->lkey(), c.staging.data(), c.staging_mr->lkey(),
                      peer.reply_addr, peer.reply_rkey},
-      *c.receiver_sink, &counters_);
+      *c.receiver_sink, &counters_, ClaimPeerCounters_st(c));
   by_qp_[c.qp->qp_num()] = &c;
   VerbsHello& out = setup_[size_t{c.setup_slot} * 2];
   out = c.qp->LocalHello();
@@ -396,7 +397,7 @@ void VerbsTransport::OnRecvDone_st(const PeerInfo& peer, const FrameHeader&, con
   c.sender_sink = std::make_unique<SenderSink>(*this, c);
   c.sender = std::make_unique<VerbsSender>(
       *c.qp, l, SenderMemory{c.reply_region.data(), c.headers.data(), c.headers_mr->lkey()},
-      *c.sender_sink, &counters_);
+      *c.sender_sink, &counters_, ClaimPeerCounters_st(c));
   // Sends posted during the set-up go first, in their order, then the engine hears the peer
   // is up (and may post more behind them).
   std::vector<SendSpec> early;
@@ -548,6 +549,29 @@ VerbsStats VerbsTransport::VerbsStatsNow() const {
   counters_.SnapshotInto(v);
   device_->registrations().SnapshotInto(v);
   return v;
+}
+
+PeerCounters* VerbsTransport::ClaimPeerCounters_st(const Conn& c) {
+  // The handle is the TCP transport's, whose slots number max_connections. A slot's previous
+  // connection counts nothing more: its channels were aborted when it was torn down, before the
+  // TCP transport could hand its slot to another connection.
+  PeerSlot& slot = peer_slots_[HandleIndex(c.handle)];
+  slot.handle.store(kNoPeer, std::memory_order_relaxed);
+  slot.counters.Reset_st();
+  slot.handle.store(c.handle, std::memory_order_release);
+  return &slot.counters;
+}
+
+PeerStats VerbsTransport::PeerStatsOf(PeerHandle peer) const {
+  PeerStats s = tcp_->PeerStatsOf(peer);
+  if (peer == kNoPeer || HandleIndex(peer) >= options_.max_connections) return s;
+  const PeerSlot& slot = peer_slots_[HandleIndex(peer)];
+  // A slot reset for a new connection between the check and the reads yields its fresh
+  // counters, as the TCP transport's own slots do.
+  if (slot.handle.load(std::memory_order_acquire) != peer) return s;
+  const PeerStats rdma = slot.counters.Snapshot();
+  for (const CounterInfo<PeerStats>& c : kPeerCounters) s.*c.field += rdma.*c.field;
+  return s;
 }
 
 TransportStats VerbsTransport::Stats() const {

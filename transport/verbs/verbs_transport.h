@@ -31,11 +31,14 @@
 // does not sleep and HasDeferredWork_st is true.
 // Counters: the channels count the data path into this transport's VerbsCounters and the device
 // its registrations (verbs_counters.h); Stats() adds the data path to the totals every backend
-// reports, and DescribeBackend() lists them all with the device's port counters (sysfs).
+// reports, and DescribeBackend() lists them all with the device's port counters (sysfs). Each
+// channel also counts its connection's bytes, frames, acks and failed sends (PeerSlot), which
+// PeerStatsOf adds to the TCP connection's own.
 // Thread rules: as every transport (transport/transport.h): `_st` on the engine thread.
 #ifndef GRADLANE_TRANSPORT_VERBS_VERBS_TRANSPORT_H_
 #define GRADLANE_TRANSPORT_VERBS_VERBS_TRANSPORT_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,7 +80,9 @@ class VerbsTransport final : public Transport, private TransportHandler {
   bool HasDeferredWork_st() const override;
   // The TCP connections' counters (hellos, set-up frames), plus the RDMA data path in the totals.
   TransportStats Stats() const override;
-  PeerStats PeerStatsOf(PeerHandle peer) const override { return tcp_->PeerStatsOf(peer); }
+  // The connection's TCP frames plus its RDMA data path (its channel's bytes, frames,
+  // acknowledgements and failed sends). Any thread.
+  PeerStats PeerStatsOf(PeerHandle peer) const override;
   MemoryRegistrar* registrar() override { return &registrar_; }
 
   // "verbs", the device, port and GID index, every counter of verbs_counters.h and the port's
@@ -107,6 +112,13 @@ class VerbsTransport final : public Transport, private TransportHandler {
    private:
     VerbsTransport& t_;
   };
+  // A connection's data-path counters, by the TCP connection's slot (HandleIndex of its handle,
+  // below max_connections), so that PeerStatsOf finds them from any thread without the engine
+  // thread's map: `handle` says whose they are now (kNoPeer while they are reset for a new one).
+  struct PeerSlot {
+    std::atomic<PeerHandle> handle{kNoPeer};
+    PeerCounters counters;
+  };
   // The engine thread's copy of a region's keys (`registered` false: a zero-length region).
   struct RegionMemory {
     void* base = nullptr;
@@ -130,6 +142,8 @@ class VerbsTransport final : public Transport, private TransportHandler {
   void OnRecvDone_st(const PeerInfo& peer, const FrameHeader& header, const RecvTarget& target,
                      TimeNs now) override;
 
+  // A new connection `c`: its channels' per-peer counters, reset, now answer for its handle.
+  PeerCounters* ClaimPeerCounters_st(const Conn& c);
   absl::Status SendSetup_st(Conn& c);
   absl::Status StartSender_st(Conn& c);
   absl::Status StartReceiver_st(Conn& c);
@@ -150,7 +164,8 @@ class VerbsTransport final : public Transport, private TransportHandler {
   // Shared with the registrar's threads; destroyed before the device.
   std::unique_ptr<RegistrationCache> cache_;
   Registrar registrar_{*this};
-  std::vector<RegionMemory> region_keys_;  // by RegionId; engine thread
+  std::vector<RegionMemory> region_keys_;   // by RegionId; engine thread
+  std::unique_ptr<PeerSlot[]> peer_slots_;  // max_connections of them; written by the engine
   // Set-up frames: one VerbsHello out and one in per connection slot, registered with tcp_.
   std::vector<VerbsHello> setup_;
   RegionId setup_region_ = kNoRegion;

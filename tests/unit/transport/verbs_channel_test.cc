@@ -93,12 +93,12 @@ class Link {
     receiver_log_.destination_rkey = dest.rkey;
     sender_ = std::make_unique<VerbsSender>(
         *sender_qp_, limits, SenderMemory{reply_region_.data(), headers_.data(), headers.lkey},
-        sender_log_, &counters_);
+        sender_log_, &counters_, &sender_peer_);
     receiver_ = std::make_unique<VerbsReceiver>(
         *receiver_qp_, limits,
         ReceiverMemory{slots_.data(), slots.lkey, staging_.data(), staging.lkey,
                        reinterpret_cast<uint64_t>(reply_region_.data()), reply.rkey},
-        receiver_log_, &counters_);
+        receiver_log_, &counters_, &receiver_peer_);
     if (start) {
       EXPECT_TRUE(receiver_->Start_st().ok());
     }
@@ -157,6 +157,8 @@ class Link {
   SenderLog sender_log_;
   ReceiverLog receiver_log_;
   VerbsCounters counters_;  // before the channels, which count into it until destroyed
+  // The connection's per-peer figures, as each end counts them (`gradlanectl peers`).
+  PeerCounters sender_peer_, receiver_peer_;
   std::unique_ptr<VerbsSender> sender_;
   std::unique_ptr<VerbsReceiver> receiver_;
 };
@@ -490,6 +492,18 @@ TEST(VerbsChannelCountersTest, EagerAndRendezvousStepsAreCountedEachOnce) {
                 v.retry_exceeded_errors + v.local_errors,
             0u);
   EXPECT_EQ(v.channel_failures, 0u);
+  // Per peer: each segment is one frame and its payload bytes, sent by one end and received by
+  // the other (a rendezvous segment's frame is its header, its bytes the write's), and one ack.
+  const PeerStats out = link.sender_peer_.Snapshot();
+  const PeerStats in = link.receiver_peer_.Snapshot();
+  EXPECT_EQ(out.frames_sent, 7u);
+  EXPECT_EQ(out.bytes_sent, eager_bytes + rendezvous_bytes);
+  EXPECT_EQ(out.acks_received, 7u);
+  EXPECT_EQ(out.sends_failed, 0u);
+  EXPECT_EQ(out.frames_received + out.bytes_received, 0u);
+  EXPECT_EQ(in.frames_received, 7u);
+  EXPECT_EQ(in.bytes_received, eager_bytes + rendezvous_bytes);
+  EXPECT_EQ(in.frames_sent + in.bytes_sent + in.acks_received + in.sends_failed, 0u);
   // The channels take their queue pairs and credits out of the gauges when they go.
   link.sender_.reset();
   link.receiver_.reset();
@@ -540,6 +554,16 @@ TEST(VerbsChannelCountersTest, ErrorAndFlushCompletionsAndRefusalsAreCounted) {
     EXPECT_EQ(v.rendezvous_writes, 1u);
     EXPECT_EQ(v.replies_written, 4u);
     EXPECT_EQ(v.channel_failures, 0u);
+    // Per peer: four frames each way, the refused ones failed sends; only the placed bytes
+    // (100 eager, 5000 written) were sent and received.
+    const PeerStats out = link.sender_peer_.Snapshot();
+    const PeerStats in = link.receiver_peer_.Snapshot();
+    EXPECT_EQ(out.frames_sent, 4u);
+    EXPECT_EQ(out.acks_received, 2u);
+    EXPECT_EQ(out.sends_failed, 2u);
+    EXPECT_EQ(out.bytes_sent, 100u + 10u + 5000u) << "eager payloads go with their header";
+    EXPECT_EQ(in.frames_received, 4u);
+    EXPECT_EQ(in.bytes_received, 100u + 5000u);
   }
   {
     Link link(SmallLimits(), 1 << 20);
@@ -555,6 +579,8 @@ TEST(VerbsChannelCountersTest, ErrorAndFlushCompletionsAndRefusalsAreCounted) {
     EXPECT_EQ(v.remote_access_errors + v.rnr_errors + v.local_errors, 0u);
     EXPECT_EQ(v.segments_failed, 6u);
     EXPECT_EQ(v.segments_acked, 1u);
+    EXPECT_EQ(link.sender_peer_.Snapshot().sends_failed, 6u);
+    EXPECT_EQ(link.sender_peer_.Snapshot().acks_received, 1u);
     EXPECT_EQ(v.channel_failures, 2u);   // the sender by its error, the receiver by a flush
     EXPECT_EQ(v.credits_available, 0u);  // a failed sender has none
     EXPECT_EQ(v.queue_pairs, 2u);        // until the owner destroys the channels
