@@ -101,6 +101,13 @@ bool GradlaneSelector::Complete(size_t candidate) const {
   return trials_[candidate].periods == complete;
 }
 
+double GradlaneSelector::Spread(size_t candidate) const {
+  const Trial& t = trials_[candidate];
+  if (t.total == 0) return 0.0;
+  return static_cast<double>(t.longest - t.shortest) * static_cast<double>(t.periods) /
+         static_cast<double>(t.total);
+}
+
 size_t GradlaneSelector::Fastest() const {
   size_t best = candidates_.size();
   for (size_t c : entrants_) {
@@ -124,12 +131,6 @@ void GradlaneSelector::EndRound() {
   // A candidate whose round score is within the spread of its own or the winner's periods
   // (longest minus shortest, over the mean): two periods do not rank it against the winner
   // (see the header), so it runs again.
-  auto spread = [&](size_t c) {
-    const Trial& t = trials_[c];
-    if (t.total == 0) return 0.0;
-    return static_cast<double>(t.longest - t.shortest) * static_cast<double>(t.periods) /
-           static_cast<double>(t.total);
-  };
   const double best_total = static_cast<double>(trials_[best].total);
   // The round's winner first (it is the one kept, with its round score, if the runoff scores
   // none), then the others by their round scores (ties: the earlier candidate).
@@ -141,7 +142,7 @@ void GradlaneSelector::EndRound() {
   for (size_t c : entrants_) {
     if (c == best || !Complete(c)) continue;
     const double apart = static_cast<double>(trials_[c].total) - best_total;
-    if (apart >= std::max(spread(best), spread(c)) * best_total) continue;
+    if (apart >= std::max(Spread(best), Spread(c)) * best_total) continue;
     size_t at = count++;
     for (; at > 1 && trials_[runoff[at - 1]].total > trials_[c].total; --at) {
       runoff[at] = runoff[at - 1];
@@ -166,6 +167,7 @@ void GradlaneSelector::Choose(size_t best) {
   ++explorations_;
   if (any) {
     chosen_score_ = score(best);
+    drift_share_ = std::max(kDriftShare, Spread(best));
     phase_ = Phase::kChosen;
     unscored_rounds_ = 0;
     return;
@@ -173,6 +175,7 @@ void GradlaneSelector::Choose(size_t best) {
   // Nothing was measured (iterations skipped, or indices that do not step by one): the rules
   // run while the trials wait for the next aligned start, at most kMaxUnscoredRounds times.
   chosen_score_ = kNever;
+  drift_share_ = kDriftShare;
   if (++unscored_rounds_ < kMaxUnscoredRounds) {
     StartTrials(Phase::kRound, (iteration_ / kTrialAlignIterations + 1) * kTrialAlignIterations);
   } else {
@@ -191,7 +194,7 @@ void GradlaneSelector::StartIteration(int64_t iteration, TimeNs now) {
     } else if (chosen_score_ != kNever) {
       const double chosen = static_cast<double>(chosen_score_);
       const double off = static_cast<double>(period) - chosen;
-      drifted_ = std::abs(off) > kDriftShare * chosen ? drifted_ + 1 : 0;
+      drifted_ = std::abs(off) > drift_share_ * chosen ? drifted_ + 1 : 0;
       if (drifted_ >= kDriftIterations) {
         StartTrials(Phase::kRound, (iteration / kTrialAlignIterations + 1) * kTrialAlignIterations);
         drifted_ = 0;

@@ -57,9 +57,15 @@
 //    Where the periods are steady (spread 0), no runoff: a job pays for one only where its own
 //    measurements say two periods are not enough, and the entrants are by that measure as fast
 //    as the winner, so running them costs little.
-//  * Drift: once chosen, a period more than kDriftShare away from the chosen score's mean on
+//  * Drift: once chosen, a period further from the chosen score than the drift share on
 //    kDriftIterations consecutive iterations starts the trials again, at the next iteration
-//    that is a multiple of kTrialAlignIterations.
+//    that is a multiple of kTrialAlignIterations. The drift share is kDriftShare, or the chosen
+//    trial's own spread where that is wider: a period that the chosen schedule's own trial
+//    already showed is no news about the network. Where the host, not the link, sets the pace
+//    (the daemons waiting for a CPU a third of the time, mobilenet_v2 over DPDK on 2 cores), a
+//    schedule's periods swing by 30-40% with the machine's load, and a fixed 20% restarted the
+//    trials on load alone; a new link rate or ready pattern that moves the iteration time by
+//    more than the schedule's own swing is still seen within kDriftIterations.
 //  * Switching: ranges go to the active candidate at once; a candidate that was switched away
 //    from keeps what it had queued and sends it first (it is older: the previous iteration's
 //    pulls), under its own window, and the active one starts sending once all of that is
@@ -139,6 +145,8 @@ class GradlaneSelector final : public Policy {
   void OnPeerDecision(uint8_t decision, TimeNs now) override;
 
   // Introspection (metrics, tests, the simulator's report).
+  // The share of the chosen score by which a period differs to count as drifted.
+  double drift_share() const { return drift_share_; }
   size_t active() const { return active_; }
   std::string_view active_name() const { return candidates_[active_].name; }
   std::string_view schedule() const override { return active_name(); }
@@ -182,6 +190,9 @@ class GradlaneSelector final : public Policy {
   void Choose(size_t best);
   // Whether `candidate`'s trial in the current round or runoff scored every period.
   bool Complete(size_t candidate) const;
+  // The spread of `candidate`'s scored periods in the current trials: longest minus shortest,
+  // over their mean (0 before it scored any).
+  double Spread(size_t candidate) const;
   // The entrant of the smallest complete score (candidate_count() if none).
   size_t Fastest() const;
   void StartTrials(Phase phase, int64_t from);
@@ -208,7 +219,10 @@ class GradlaneSelector final : public Policy {
   Phase phase_ = Phase::kRound;
   int64_t trials_from_ = 0;  // the iteration the current trials' first candidate starts in
   TimeNs chosen_score_ = kNever;
-  int drifted_ = 0;  // consecutive periods beyond kDriftShare of chosen_score_
+  // A period further than this share of chosen_score_ from it has drifted: kDriftShare, or
+  // the chosen trial's spread where that is wider.
+  double drift_share_ = kDriftShare;
+  int drifted_ = 0;  // consecutive periods beyond drift_share_ of chosen_score_
   uint32_t explorations_ = 0;
   uint32_t runoffs_ = 0;
   uint32_t unscored_rounds_ = 0;  // consecutive rounds that measured nothing

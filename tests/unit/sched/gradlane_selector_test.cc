@@ -250,6 +250,37 @@ TEST(GradlaneSelectorTest, ADriftingIterationTimeStartsTheTrialsAgain) {
   EXPECT_EQ(s->explorations(), 2u);
 }
 
+// A chosen schedule whose own trial swung by 35% (a host whose CPU sets the pace) is not tried
+// again for periods 29% off its score, which a fixed 20% took for a drift; a change beyond its
+// swing still starts the trials again.
+TEST(GradlaneSelectorTest, ADriftIsAChangeBeyondTheChosenTrialsOwnSpread) {
+  auto s = MakeSelector();
+  TimeNs now = 0;
+  // b's round periods (iterations 5, 6) are 100 and 70 ms: score 85, spread 30/85; a's 120 is
+  // beyond that spread, so no runoff.
+  const std::map<std::string, std::vector<TimeNs>> noisy_b = {
+      {"a", {120 * kMillisecond}},
+      {"b", {70 * kMillisecond, 100 * kMillisecond}},
+      {"c", {150 * kMillisecond}}};
+  RunCycles(*s, 0, 12, &now, noisy_b);
+  ASSERT_EQ(s->active_name(), "b");
+  ASSERT_EQ(s->runoffs(), 0u);
+  EXPECT_EQ(s->score(1), 85 * kMillisecond);
+  EXPECT_NEAR(s->drift_share(), 30.0 / 85.0, 1e-9);
+  // The machine gets busier: 110 ms, 29% above the score, for twenty iterations.
+  const std::map<std::string, TimeNs> busier = {
+      {"a", 150 * kMillisecond}, {"b", 110 * kMillisecond}, {"c", 190 * kMillisecond}};
+  RunIterations(*s, 12, 32, &now, busier);
+  EXPECT_FALSE(s->exploring()) << "a swing within b's own spread is not a drift";
+  EXPECT_EQ(s->explorations(), 1u);
+  // The link halves: 170 ms, twice the score. Three such periods (32, 33, 34) are a drift; the
+  // trials start again at 40.
+  const std::map<std::string, TimeNs> halved = {
+      {"a", 130 * kMillisecond}, {"b", 170 * kMillisecond}, {"c", 250 * kMillisecond}};
+  RunIterations(*s, 32, 41, &now, halved);
+  EXPECT_TRUE(s->exploring());
+  EXPECT_EQ(s->active_name(), "a") << "the new round's first trial";
+}
 TEST(GradlaneSelectorTest, FollowersRunTheLeadersDecision) {
   auto leader = MakeSelector();
   auto follower = MakeSelector();
