@@ -1,7 +1,6 @@
 #include "sched/policies/gradlane_selector.h"
 
 #include <algorithm>
-#include <cmath>
 #include <numeric>
 #include <utility>
 
@@ -167,7 +166,7 @@ void GradlaneSelector::Choose(size_t best) {
   ++explorations_;
   if (any) {
     chosen_score_ = score(best);
-    drift_share_ = std::max(kDriftShare, Spread(best));
+    drift_share_ = std::clamp(Spread(best), kDriftShare, kMaxDriftShare);
     phase_ = Phase::kChosen;
     unscored_rounds_ = 0;
     return;
@@ -194,7 +193,8 @@ void GradlaneSelector::StartIteration(int64_t iteration, TimeNs now) {
     } else if (chosen_score_ != kNever) {
       const double chosen = static_cast<double>(chosen_score_);
       const double off = static_cast<double>(period) - chosen;
-      drifted_ = std::abs(off) > drift_share_ * chosen ? drifted_ + 1 : 0;
+      const bool drifted = off > drift_share_ * chosen || -off > kDriftShare * chosen;
+      drifted_ = drifted ? drifted_ + 1 : 0;
       if (drifted_ >= kDriftIterations) {
         StartTrials(Phase::kRound, (iteration / kTrialAlignIterations + 1) * kTrialAlignIterations);
         drifted_ = 0;

@@ -57,15 +57,20 @@
 //    Where the periods are steady (spread 0), no runoff: a job pays for one only where its own
 //    measurements say two periods are not enough, and the entrants are by that measure as fast
 //    as the winner, so running them costs little.
-//  * Drift: once chosen, a period further from the chosen score than the drift share on
-//    kDriftIterations consecutive iterations starts the trials again, at the next iteration
-//    that is a multiple of kTrialAlignIterations. The drift share is kDriftShare, or the chosen
-//    trial's own spread where that is wider: a period that the chosen schedule's own trial
-//    already showed is no news about the network. Where the host, not the link, sets the pace
-//    (the daemons waiting for a CPU a third of the time, mobilenet_v2 over DPDK on 2 cores), a
-//    schedule's periods swing by 30-40% with the machine's load, and a fixed 20% restarted the
-//    trials on load alone; a new link rate or ready pattern that moves the iteration time by
-//    more than the schedule's own swing is still seen within kDriftIterations.
+//  * Drift: once chosen, a period more than kDriftShare below the chosen score, or more than
+//    the drift share above it, on kDriftIterations consecutive iterations starts the trials
+//    again, at the next iteration that is a multiple of kTrialAlignIterations. The drift share
+//    is kDriftShare, or the chosen trial's own spread where that is wider, up to
+//    kMaxDriftShare: a slower period that the chosen schedule's own trial already showed is no
+//    news about the network. Where the host, not the link, sets the pace (the daemons waiting
+//    for a CPU a third of the time, mobilenet_v2 over DPDK on 2 cores), a schedule's periods
+//    swing by 30-40% with the machine's load, and a fixed 20% restarted the trials on load
+//    alone; a new link rate or ready pattern that moves the iteration time by more than the
+//    schedule's own swing is still seen within kDriftIterations. Faster periods keep the fixed
+//    share: a trial with one straggler period has a wide spread and a score above what the
+//    schedule runs at, and periods well below the score say the choice was made on a bad
+//    measurement (or the link got faster) — either way worth trying again. The cap keeps one
+//    straggler in a two-period trial (spread up to 2/3) from hiding a slowdown of 1.5x.
 //  * Switching: ranges go to the active candidate at once; a candidate that was switched away
 //    from keeps what it had queued and sends it first (it is older: the previous iteration's
 //    pulls), under its own window, and the active one starts sending once all of that is
@@ -107,6 +112,7 @@ inline constexpr int64_t kScoredIterations = 2;
 inline constexpr int64_t kRunoffIterations = 9;
 inline constexpr int64_t kRunoffScored = 8;
 inline constexpr double kDriftShare = 0.2;
+inline constexpr double kMaxDriftShare = 0.5;
 inline constexpr int kDriftIterations = 3;
 inline constexpr int64_t kTrialAlignIterations = 8;
 // The decision byte (Policy::Decision): kDecisionValid | epoch << kEpochShift | candidate.
@@ -145,7 +151,7 @@ class GradlaneSelector final : public Policy {
   void OnPeerDecision(uint8_t decision, TimeNs now) override;
 
   // Introspection (metrics, tests, the simulator's report).
-  // The share of the chosen score by which a period differs to count as drifted.
+  // The share of the chosen score by which a slower period differs to count as drifted.
   double drift_share() const { return drift_share_; }
   size_t active() const { return active_; }
   std::string_view active_name() const { return candidates_[active_].name; }
@@ -219,10 +225,10 @@ class GradlaneSelector final : public Policy {
   Phase phase_ = Phase::kRound;
   int64_t trials_from_ = 0;  // the iteration the current trials' first candidate starts in
   TimeNs chosen_score_ = kNever;
-  // A period further than this share of chosen_score_ from it has drifted: kDriftShare, or
-  // the chosen trial's spread where that is wider.
+  // A period more than this share of chosen_score_ above it has drifted: kDriftShare, or the
+  // chosen trial's spread where that is wider, at most kMaxDriftShare (below: kDriftShare).
   double drift_share_ = kDriftShare;
-  int drifted_ = 0;  // consecutive periods beyond drift_share_ of chosen_score_
+  int drifted_ = 0;  // consecutive drifted periods
   uint32_t explorations_ = 0;
   uint32_t runoffs_ = 0;
   uint32_t unscored_rounds_ = 0;  // consecutive rounds that measured nothing

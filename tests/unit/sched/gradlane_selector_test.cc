@@ -281,6 +281,35 @@ TEST(GradlaneSelectorTest, ADriftIsAChangeBeyondTheChosenTrialsOwnSpread) {
   EXPECT_TRUE(s->exploring());
   EXPECT_EQ(s->active_name(), "a") << "the new round's first trial";
 }
+// A chosen trial with one straggler period (100 and 200 ms: score 150, spread 2/3) neither
+// hides periods well below its score (kDriftShare holds below: the choice was made on a bad
+// measurement) nor a 1.6x slowdown (the share is at most kMaxDriftShare).
+TEST(GradlaneSelectorTest, AStragglerInTheChosenTrialHidesNoDrift) {
+  // b's round periods (iterations 5, 6) are 100 and 200 ms; a (260) is beyond b's spread.
+  const std::map<std::string, std::vector<TimeNs>> straggler_b = {
+      {"a", {260 * kMillisecond}},
+      {"b", {200 * kMillisecond, 100 * kMillisecond}},
+      {"c", {300 * kMillisecond}}};
+  for (const TimeNs steady : {100 * kMillisecond, 240 * kMillisecond}) {
+    auto s = MakeSelector();
+    TimeNs now = 0;
+    RunCycles(*s, 0, 10, &now, straggler_b);
+    // From iteration 10, where b is chosen, b runs at `steady`: a third below its score, or
+    // 1.6x it. Three such periods (10, 11, 12) are a drift; the trials start again at 16.
+    const std::map<std::string, TimeNs> after = {
+        {"a", 260 * kMillisecond}, {"b", steady}, {"c", 300 * kMillisecond}};
+    RunIterations(*s, 10, 11, &now, after);
+    ASSERT_EQ(s->active_name(), "b");
+    ASSERT_FALSE(s->exploring());
+    ASSERT_EQ(s->runoffs(), 0u);
+    ASSERT_EQ(s->score(1), 150 * kMillisecond);
+    EXPECT_DOUBLE_EQ(s->drift_share(), kMaxDriftShare);
+    RunIterations(*s, 11, 17, &now, after);
+    EXPECT_TRUE(s->exploring()) << "b at " << steady / kMillisecond << " ms";
+    EXPECT_EQ(s->explorations(), 1u);
+  }
+}
+
 TEST(GradlaneSelectorTest, FollowersRunTheLeadersDecision) {
   auto leader = MakeSelector();
   auto follower = MakeSelector();
