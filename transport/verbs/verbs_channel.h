@@ -26,7 +26,7 @@
 // Counters: both ends count what they do into the VerbsCounters they are given
 // (verbs_counters.h; one set per transport, shared by its channels), and this connection's
 // bytes, frames, acknowledgements and failed sends into the PeerCounters they are given (the
-// per-peer figures every backend keeps, transport/counters.h: what `gradlanectl peers` shows),
+// per-peer figures every backend keeps, transport/transport.h; `gradlanectl peers` shows them),
 // on the engine thread, a relaxed load+store per event as every backend's counters.
 // Thread rules: engine thread only. Ownership: the channel borrows the queue pair, the memory
 // and the events object; they outlive it.

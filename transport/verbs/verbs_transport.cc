@@ -510,6 +510,14 @@ int VerbsTransport::Progress_st(TimeNs now, int wait_ms) {
     failed_.pop_back();
     tcp_->Disconnect_st(c->handle, now);  // tears it down through OnPeerDown_st
   }
+  // A torn-down connection's figures stay readable for the round it went down in (the engine's
+  // peer-down handling), then go with it, as the TCP connection's do once its slot is released.
+  for (const std::unique_ptr<Conn>& c : graveyard_) {
+    PeerSlot& slot = peer_slots_[HandleIndex(c->handle)];
+    if (slot.handle.load(std::memory_order_relaxed) == c->handle) {
+      slot.handle.store(kNoPeer, std::memory_order_relaxed);
+    }
+  }
   graveyard_.clear();
   return handled;
 }
