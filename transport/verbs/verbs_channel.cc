@@ -44,6 +44,17 @@ const char* CompletionStatusName(CompletionStatus status) {
   return "unknown status";
 }
 
+PeerStats DataPathPeerStats(const VerbsStats& v) {
+  PeerStats s;
+  s.bytes_sent = v.eager_bytes + v.rendezvous_bytes;
+  s.frames_sent = v.eager_sends + v.rendezvous_headers;
+  s.bytes_received = v.eager_recv_bytes + v.rendezvous_recv_bytes;
+  s.frames_received = v.eager_received + v.rendezvous_received + v.segments_refused;
+  s.acks_received = v.segments_acked;
+  s.sends_failed = v.segments_failed;
+  return s;
+}
+
 void CountCompletion(VerbsCounters& counters, const Completion& completion) {
   counters.completions.Add_st(1);
   switch (completion.status) {

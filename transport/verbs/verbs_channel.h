@@ -64,6 +64,13 @@ struct ChannelLimits {
 // the transport counts those it routes to no channel (a queue pair already torn down).
 void CountCompletion(VerbsCounters& counters, const Completion& completion);
 
+// What the data-path counters amount to as the figures every backend keeps per peer: a segment
+// is a frame and its payload bytes (a rendezvous segment's frame is its header, its bytes the
+// write's), a refused one a frame received, an acknowledged one an ack. The channels count each
+// connection's PeerCounters by the same rule, event by event; the transport adds this, over
+// every connection, to its totals.
+PeerStats DataPathPeerStats(const VerbsStats& v);
+
 // ---------------------------------------------------------------------------------------- sender
 
 // A segment to send: its header (seq is set by the channel), and the payload's registered source.

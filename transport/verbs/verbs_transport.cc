@@ -559,6 +559,12 @@ VerbsStats VerbsTransport::VerbsStatsNow() const {
   return v;
 }
 
+namespace {
+void AddPeerStats(PeerStats& to, const PeerStats& more) {
+  for (const CounterInfo<PeerStats>& c : kPeerCounters) to.*c.field += more.*c.field;
+}
+}  // namespace
+
 PeerCounters* VerbsTransport::ClaimPeerCounters_st(const Conn& c) {
   // The handle is the TCP transport's, whose slots number max_connections. A slot's previous
   // connection counts nothing more: its channels were aborted when it was torn down, before the
@@ -577,8 +583,7 @@ PeerStats VerbsTransport::PeerStatsOf(PeerHandle peer) const {
   // A slot reset for a new connection between the check and the reads yields its fresh
   // counters, as the TCP transport's own slots do.
   if (slot.handle.load(std::memory_order_acquire) != peer) return s;
-  const PeerStats rdma = slot.counters.Snapshot();
-  for (const CounterInfo<PeerStats>& c : kPeerCounters) s.*c.field += rdma.*c.field;
+  AddPeerStats(s, slot.counters.Snapshot());
   return s;
 }
 
@@ -590,12 +595,7 @@ TransportStats VerbsTransport::Stats() const {
   // segment).
   VerbsStats v;
   counters_.SnapshotInto(v);
-  s.total.bytes_sent += v.eager_bytes + v.rendezvous_bytes;
-  s.total.frames_sent += v.eager_sends + v.rendezvous_headers;
-  s.total.bytes_received += v.eager_recv_bytes + v.rendezvous_recv_bytes;
-  s.total.frames_received += v.eager_received + v.rendezvous_received + v.segments_refused;
-  s.total.acks_received += v.segments_acked;
-  s.total.sends_failed += v.segments_failed;
+  AddPeerStats(s.total, DataPathPeerStats(v));
   s.peer_timeouts += peer_timeouts_.Get();
   return s;
 }

@@ -504,6 +504,11 @@ TEST(VerbsChannelCountersTest, EagerAndRendezvousStepsAreCountedEachOnce) {
   EXPECT_EQ(in.frames_received, 7u);
   EXPECT_EQ(in.bytes_received, eager_bytes + rendezvous_bytes);
   EXPECT_EQ(in.frames_sent + in.bytes_sent + in.acks_received + in.sends_failed, 0u);
+  // And the two ends together are what the transport's totals make of the data-path counters.
+  const PeerStats totals = DataPathPeerStats(v);
+  for (const CounterInfo<PeerStats>& c : kPeerCounters) {
+    EXPECT_EQ(out.*c.field + in.*c.field, totals.*c.field) << c.name;
+  }
   // The channels take their queue pairs and credits out of the gauges when they go.
   link.sender_.reset();
   link.receiver_.reset();
