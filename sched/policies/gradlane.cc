@@ -77,9 +77,10 @@ uint64_t GradlaneTakeBlock(ReadyQueue& queue, uint64_t block_bytes,
 }
 
 GradlanePolicy::GradlanePolicy(uint64_t key_partition_bytes, uint64_t fixed_credit_bytes,
-                               TimeNs overhead, double bandwidth)
+                               TimeNs overhead, double bandwidth, GradlaneWindowScale scale)
     : key_partition_bytes_(key_partition_bytes),
       fixed_credit_bytes_(fixed_credit_bytes),
+      window_scale_(scale),
       overhead_(std::max(overhead, kMinOverheadNs)),
       bandwidth_(bandwidth) {
   peer_seen_.assign(size_t{1} << 16, false);
@@ -88,12 +89,25 @@ GradlanePolicy::GradlanePolicy(uint64_t key_partition_bytes, uint64_t fixed_cred
   Resize();
 }
 
-std::unique_ptr<GradlanePolicy> GradlanePolicy::Create(const PolicyConfig& config) {
+std::unique_ptr<GradlanePolicy> GradlanePolicy::Create(const PolicyConfig& config,
+                                                       GradlaneWindowScale scale) {
   const uint64_t key =
       config.partition_bytes != 0 ? config.partition_bytes : kGradlaneDefaultKeyPartitionBytes;
-  return std::unique_ptr<GradlanePolicy>(new GradlanePolicy(key, config.credit_bytes,
-                                                            config.per_message_overhead_ns,
-                                                            config.initial_bandwidth_bytes_per_s));
+  return std::unique_ptr<GradlanePolicy>(
+      new GradlanePolicy(key, config.credit_bytes, config.per_message_overhead_ns,
+                         config.initial_bandwidth_bytes_per_s, scale));
+}
+
+std::string_view GradlanePolicy::name() const {
+  switch (window_scale_) {
+    case GradlaneWindowScale::kHalf:
+      return "gradlane-rules-window/2";
+    case GradlaneWindowScale::kDouble:
+      return "gradlane-rules-window*2";
+    case GradlaneWindowScale::kOne:
+      break;
+  }
+  return "gradlane-rules";
 }
 
 void GradlanePolicy::Resize() {
@@ -101,10 +115,23 @@ void GradlanePolicy::Resize() {
       static_cast<TimeNs>(static_cast<double>(iteration_bytes_) / bandwidth_ * kSecond);
   message_bytes_ = GradlaneMessageBytes(bandwidth_, GradlaneMessageNs(n, overhead_, peers_));
   const TimeNs rtt = rtt_min_ == kNever ? 0 : rtt_min_;
-  capacity_ = fixed_credit_bytes_ != 0
-                  ? fixed_credit_bytes_
-                  : GradlaneCreditBytes(bandwidth_, rtt, message_bytes_, overhead_, peers_,
-                                        key_partition_bytes_);
+  if (fixed_credit_bytes_ != 0) {
+    capacity_ = fixed_credit_bytes_;
+    return;
+  }
+  const uint64_t rule =
+      GradlaneCreditBytes(bandwidth_, rtt, message_bytes_, overhead_, peers_, key_partition_bytes_);
+  switch (window_scale_) {
+    case GradlaneWindowScale::kHalf:
+      capacity_ = rule / 2;
+      break;
+    case GradlaneWindowScale::kDouble:
+      capacity_ = rule > (uint64_t{1} << 61) ? rule : 2 * rule;
+      break;
+    case GradlaneWindowScale::kOne:
+      capacity_ = rule;
+      break;
+  }
 }
 
 void GradlanePolicy::RegisterTensor(const TensorSpec& /*tensor*/) {}

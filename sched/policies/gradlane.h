@@ -81,9 +81,17 @@
 // Rule 5, adaptation. Every OnLinkEstimate and every completed iteration re-derives δ and the
 //   window: a bandwidth change reshapes both within one estimate. The outer loop is not the
 //   BO tuner (bo_tuner.h: tens of trials over continuous knobs) but gradlane_selector.h: one
-//   trial each of a handful of whole schedules, because where these rules lose it is to a
-//   different kind of schedule (prophet's blocks, fifo's whole tensors), not to other values
-//   of δ or the window.
+//   trial each of a handful of whole schedules, because where these rules lose it is mostly to
+//   a different kind of schedule (prophet's blocks, fifo's whole tensors). Two of those
+//   schedules are these rules with half and twice rule 4's window (GradlaneWindowScale): what
+//   rule 4 cannot see is how deep the receivers' queues run — how many senders reach a receiver
+//   at once and how long their runs to it are, which the keys' sizes and the ready pattern
+//   decide — and the best window is up to 2x either side of it. Measured at θ = 3 µs, ρ = 1
+//   (rules alone, window x1/2, x1, x2): efficientnet_b0 1 Gbit/s W 3 1.155, 1.204, 1.336 the
+//   bound; densenet121 there 1.100, 1.147, 1.251; vit_b_16 3 Gbit/s W 8 1.264, 1.191, 1.091;
+//   bert-base ρ 2 1 Gbit/s W 8 1.263, 1.169, 1.074. Neither a run term sized from the
+//   partitions actually in flight (1.16 and 1.33 on efficientnet_b0 and resnet50 at W 8,
+//   against 1.20 and 1.28) nor any one factor fits both kinds; a trial of each does.
 //
 // The figures above are the simulator's at θ = 50 µs (its default before tests/bench/theta.sh
 // measured 3 µs) unless they say otherwise; docs/simulator.md has every row at both.
@@ -145,12 +153,17 @@ uint32_t GradlaneSliceRound(uint32_t partition, uint64_t slice, uint32_t group);
 uint64_t GradlaneTakeBlock(ReadyQueue& queue, uint64_t block_bytes,
                            std::vector<Segment>& passed_over, std::vector<Segment>& block);
 
+// Rule 4's window as derived, or half or twice it: the outer loop's variants (rule 5).
+enum class GradlaneWindowScale : uint8_t { kOne, kHalf, kDouble };
+
 class GradlanePolicy final : public Policy {
  public:
-  // config is already validated by MakePolicy.
-  static std::unique_ptr<GradlanePolicy> Create(const PolicyConfig& config);
+  // config is already validated by MakePolicy. A fixed config.credit_bytes is not scaled.
+  static std::unique_ptr<GradlanePolicy> Create(
+      const PolicyConfig& config, GradlaneWindowScale scale = GradlaneWindowScale::kOne);
 
-  std::string_view name() const override { return "gradlane-rules"; }
+  // "gradlane-rules", or with the scale: "gradlane-rules-window/2", "gradlane-rules-window*2".
+  std::string_view name() const override;
   void RegisterTensor(const TensorSpec& tensor) override;
   void OnReady(const ReadyRange& range, TimeNs now) override;
   void OnObservedReady(const ReadyRange& range, TimeNs now) override;
@@ -176,7 +189,7 @@ class GradlanePolicy final : public Policy {
 
  private:
   GradlanePolicy(uint64_t key_partition_bytes, uint64_t fixed_credit_bytes, TimeNs overhead,
-                 double bandwidth);
+                 double bandwidth, GradlaneWindowScale scale);
 
   // Re-derives δ and the window from the current estimates (rules 1 and 4).
   void Resize();
@@ -187,8 +200,9 @@ class GradlanePolicy final : public Policy {
 
   uint64_t key_partition_bytes_;
   uint64_t fixed_credit_bytes_;  // PolicyConfig::credit_bytes; 0 = rule 4
-  TimeNs overhead_;              // θ
-  double bandwidth_;             // B, bytes/s
+  GradlaneWindowScale window_scale_;
+  TimeNs overhead_;   // θ
+  double bandwidth_;  // B, bytes/s
   TimeNs rtt_min_ = kNever;
 
   // Egress bytes per iteration: the latest iteration's running count and the previous one's.

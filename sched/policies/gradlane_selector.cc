@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "sched/policies/gradlane.h"
 
 namespace gradlane::sched {
 
@@ -22,7 +23,17 @@ absl::StatusOr<std::unique_ptr<GradlaneSelector>> GradlaneSelector::Create(
       const uint64_t own = DefaultPartitionBytes(name, DType::kF32);
       c.partition_bytes = c.partition_bytes == 0 ? own : std::min(c.partition_bytes, own);
     }
-    auto policy = MakePolicy(c);
+    absl::StatusOr<std::unique_ptr<Policy>> policy;
+    if (name == "gradlane-rules-window*2" || name == "gradlane-rules-window/2") {
+      // MakePolicy has validated `config` (it builds the selector); the variants are not
+      // policies of their own to a user.
+      policy =
+          std::unique_ptr<Policy>(GradlanePolicy::Create(config, name == "gradlane-rules-window*2"
+                                                                     ? GradlaneWindowScale::kDouble
+                                                                     : GradlaneWindowScale::kHalf));
+    } else {
+      policy = MakePolicy(c);
+    }
     if (!policy.ok()) {
       return absl::Status(policy.status().code(), absl::StrCat("gradlane candidate ", c.name, ": ",
                                                                policy.status().message()));

@@ -103,8 +103,13 @@ namespace gradlane::sched {
 
 // The candidates MakePolicy("gradlane") tries, in trial order: gradlane's rules first (they
 // win ties and run the warm-up iteration), then the papers' schedules.
-inline constexpr std::string_view kGradlaneCandidates[] = {"gradlane-rules", "prophet",
-                                                           "bytescheduler", "fifo", "p3"};
+// The last two are the rules with half and twice their window (rule 4 of gradlane.h): the
+// window rule models the queues at the receivers from the peer count and the key partition, and
+// the best window is up to 2x either side of it, depending on what no host measures (how many
+// senders share a receiver at once, how the keys' sizes run): a trial measures it.
+inline constexpr std::string_view kGradlaneCandidates[] = {
+    "gradlane-rules",         "prophet", "bytescheduler", "fifo", "p3", "gradlane-rules-window*2",
+    "gradlane-rules-window/2"};
 inline constexpr int64_t kTrialIterations = 3;
 // The score is the mean period of a trial's last kScoredIterations iterations.
 inline constexpr int64_t kScoredIterations = 2;
@@ -124,6 +129,13 @@ inline constexpr uint8_t kCandidateMask = 0xf;
 inline constexpr uint8_t kMaxEpochsAhead = 3;
 inline constexpr uint32_t kMaxUnscoredRounds = 3;
 static_assert(std::size(kGradlaneCandidates) <= kCandidateMask);
+// The iteration by which the leader has chosen at the latest, with every estimate it has
+// warm: the warm-up iteration, one trial of each candidate, and a runoff of all of them. A
+// benchmark's warm-up of at least this many iterations measures the chosen schedule only
+// (gradlane-sim's default warm-up, run-replay's for gradlane: 88, the next multiple of 8).
+inline constexpr int64_t kLatestChoiceIteration =
+    1 +
+    static_cast<int64_t>(std::size(kGradlaneCandidates)) * (kTrialIterations + kRunoffIterations);
 
 class GradlaneSelector final : public Policy {
  public:

@@ -36,6 +36,7 @@
 #include "absl/strings/string_view.h"
 #include "sched/dag.h"
 #include "sched/model_profile.h"
+#include "sched/policies/gradlane_selector.h"
 #include "sched/policy.h"
 #include "sched/priority.h"
 #include "sched/profile_priorities.h"
@@ -66,7 +67,11 @@ ABSL_FLAG(int, iterations, 10, "measured iterations");
 // the choice takes a few iterations to settle into its own steady state (up to six on the
 // small models at W = 8). A job runs thousands of iterations, so what it keeps is what its
 // users get. The trials' own cost: docs/simulator.md.
-ABSL_FLAG(int, warmup, 64, "warm-up iterations (simulated, not measured)");
+// Long enough for gradlane's trials and the largest runoff, so that the measured window is its
+// choice's (every policy gets the same warm-up).
+constexpr int kDefaultWarmup = 88;
+static_assert(kDefaultWarmup >= gradlane::sched::kLatestChoiceIteration);
+ABSL_FLAG(int, warmup, kDefaultWarmup, "warm-up iterations (simulated, not measured)");
 ABSL_FLAG(int64_t, partition_bytes, 0, "partition size δ for every policy; 0 = each one's default");
 ABSL_FLAG(int64_t, credit_bytes, 0, "credit window for every policy; 0 = each one's default");
 ABSL_FLAG(int64_t, shard_partition_bytes, 4 << 20,

@@ -305,6 +305,55 @@ TEST(GradlanePolicyTest, WindowAndMessageFollowTheEstimate) {
   EXPECT_EQ(p->credit_capacity(), window_fast);
 }
 
+// The outer loop's variants (gradlane_selector.h): the same rules with half and twice rule 4's
+// window, re-derived with it as the estimates move; the message size is rule 1's either way. A
+// window the user fixed is not scaled.
+TEST(GradlanePolicyTest, WindowVariantsScaleTheDerivedWindowOnly) {
+  PolicyConfig c;
+  c.name = "gradlane-rules";
+  c.initial_bandwidth_bytes_per_s = 375e6;
+  c.per_message_overhead_ns = kTheta;
+  auto one = GradlanePolicy::Create(c);
+  auto half = GradlanePolicy::Create(c, GradlaneWindowScale::kHalf);
+  auto twice = GradlanePolicy::Create(c, GradlaneWindowScale::kDouble);
+  EXPECT_EQ(one->name(), "gradlane-rules");
+  EXPECT_EQ(half->name(), "gradlane-rules-window/2");
+  EXPECT_EQ(twice->name(), "gradlane-rules-window*2");
+  for (auto* p : {one.get(), half.get(), twice.get()}) {
+    p->OnLinkEstimate(375e6, 100 * kMicrosecond);
+    for (uint32_t i = 0; i < 30; ++i)
+      p->OnObservedReady(Range(i, static_cast<Priority>(i), 1 + i % 3, 1'000'000), 0);
+  }
+  const uint64_t rule = GradlaneCreditBytes(375e6, 100 * kMicrosecond, one->message_bytes(), kTheta,
+                                            3, kGradlaneDefaultKeyPartitionBytes);
+  EXPECT_EQ(one->credit_capacity(), rule);
+  EXPECT_EQ(half->message_bytes(), one->message_bytes());
+  EXPECT_EQ(twice->message_bytes(), one->message_bytes());
+  EXPECT_EQ(half->credit_capacity(), rule / 2);
+  EXPECT_EQ(twice->credit_capacity(), 2 * rule);
+  // The link slows: each follows the rule at its own scale.
+  for (auto* p : {one.get(), half.get(), twice.get()}) p->OnLinkEstimate(125e6, kMillisecond);
+  EXPECT_LT(one->credit_capacity(), rule);
+  EXPECT_EQ(half->credit_capacity(), one->credit_capacity() / 2);
+  EXPECT_EQ(twice->credit_capacity(), 2 * one->credit_capacity());
+  // Twice the window lets twice the bytes out before the first ack.
+  auto sent_before_ack = [](GradlanePolicy& p) {
+    for (uint32_t i = 0; i < 200; ++i)
+      p.OnReady(Range(i, static_cast<Priority>(i), 1, 64000, 1), 0);
+    Dispatch d;
+    uint64_t sent = 0;
+    while (p.NextDispatch(0, d)) sent += d.bytes;
+    return sent;
+  };
+  const uint64_t sent_one = sent_before_ack(*one);
+  const uint64_t sent_twice = sent_before_ack(*twice);
+  EXPECT_GT(sent_twice, sent_one + sent_one / 2);
+  EXPECT_LT(sent_before_ack(*half), sent_one * 3 / 4);
+  c.credit_bytes = 1 << 20;
+  EXPECT_EQ(GradlanePolicy::Create(c, GradlaneWindowScale::kHalf)->credit_capacity(), 1u << 20);
+  EXPECT_EQ(GradlanePolicy::Create(c, GradlaneWindowScale::kDouble)->credit_capacity(), 1u << 20);
+}
+
 TEST(GradlanePolicyTest, AdaptsWhenTheBandwidthDropsMidRun) {
   auto p = Make(1.25e9);
   p->OnLinkEstimate(1.25e9, 100 * kMicrosecond);
