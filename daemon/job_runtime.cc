@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/log.h"
 #include "daemon/session_server.h"
+#include "sched/policies/gradlane_selector.h"
 
 namespace gradlane::daemon {
 
@@ -21,6 +24,12 @@ namespace {
 // job is removed from the transport (which tears down whatever is still open).
 constexpr TimeNs kReleaseLinger = 200 * sched::kMillisecond;
 constexpr TimeNs kEstimateInterval = 10 * sched::kMillisecond;
+// Room for every schedule name (gradlane's candidates): schedule_ is reserved for it when the
+// job starts, so following a switch never allocates on the engine thread.
+constexpr size_t kScheduleNameBytes = 32;
+static_assert(std::all_of(std::begin(sched::kGradlaneCandidates),
+                          std::end(sched::kGradlaneCandidates),
+                          [](std::string_view n) { return n.size() <= kScheduleNameBytes; }));
 }  // namespace
 
 gl_status StatusFor(const absl::Status& why) {
@@ -103,6 +112,7 @@ JobError JobRuntime::SetUp_st(Session& session, TimeNs now) {
   }
   policy_ = std::move(*policy);
   policy_->SetRank(plan_.rank);
+  schedule_.reserve(kScheduleNameBytes);
   schedule_ = policy_->schedule();
   for (JobTensor& t : plan_.tensors) {
     auto_priority_.Register(t.spec.id);
@@ -668,7 +678,7 @@ void JobRuntime::FillSnapshot_st(JobSnapshot& js, bool client_present) {
   js.rank = plan_.rank;
   js.world = plan_.world;
   js.policy = plan_.policy_name;
-  if (policy_ != nullptr) js.schedule = std::string(policy_->schedule());
+  if (policy_ != nullptr) js.schedule.assign(policy_->schedule());  // reuses js's storage
   js.mode = ModeName(plan_.mode);
   if (failed_ && fail_status_ == GL_E_DISCONNECTED && worker_.posts_failed() == 0 &&
       !client_present) {

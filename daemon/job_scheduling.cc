@@ -14,8 +14,8 @@ void JobRuntime::Ready_st(const sched::ReadyRange& r, TimeNs now) {
   policy_->OnReady(r, now);
   // gradlane switches schedules only where one of this rank's iterations starts (its trials,
   // then its choice), so only a push of a new iteration is checked: one line per switch, so
-  // that a job's log says what it ran when. The names fit a std::string's inline buffer, so
-  // the copy does not allocate.
+  // that a job's log says what it ran when. schedule_ is reserved for the longest name when the
+  // job starts, so the copy does not allocate.
   if (r.direction == sched::Direction::kPush && r.iteration > schedule_iteration_) {
     schedule_iteration_ = r.iteration;
     if (policy_->schedule() != schedule_) {

@@ -34,7 +34,9 @@ namespace gradlane::transport {
 // "GLNF" as bytes on the wire (0x47 0x4C 0x4E 0x46).
 inline constexpr uint32_t kFrameMagic = 0x464E4C47u;
 // Bumped on any incompatible change; peers must match exactly (no negotiation in v1).
-inline constexpr uint8_t kProtocolVersion = 2;
+// 3: gradlane's candidates 5 and 6 (the rules with another window); a version-2 follower
+// would ignore rank 0's choice of them and run another schedule than the rest of the job.
+inline constexpr uint8_t kProtocolVersion = 3;
 
 enum class FrameType : uint8_t {
   kHello = 1,    // dialer → acceptor: job, rank, auth token (HelloBody)

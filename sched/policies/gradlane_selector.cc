@@ -27,8 +27,7 @@ absl::StatusOr<std::unique_ptr<GradlaneSelector>> GradlaneSelector::Create(
     if (name == "gradlane-rules-window*2" || name == "gradlane-rules-window/2") {
       // MakePolicy has validated `config` (it builds the selector); the variants are not
       // policies of their own to a user.
-      policy =
-          std::unique_ptr<Policy>(GradlanePolicy::Create(config, name == "gradlane-rules-window*2"
+      policy = std::unique_ptr<Policy>(GradlanePolicy::Create(c, name == "gradlane-rules-window*2"
                                                                      ? GradlaneWindowScale::kDouble
                                                                      : GradlaneWindowScale::kHalf));
     } else {

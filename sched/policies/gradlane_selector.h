@@ -144,7 +144,9 @@ class GradlaneSelector final : public Policy {
     std::unique_ptr<Policy> policy;
   };
 
-  // Builds kGradlaneCandidates from `config` (each as MakePolicy would build it by that name).
+  // Builds kGradlaneCandidates from `config` (each as MakePolicy would build it by that name;
+  // the window variants as GradlanePolicy::Create with their GradlaneWindowScale). With a fixed
+  // config.credit_bytes the variants run the rules' window: three trials of one schedule.
   static absl::StatusOr<std::unique_ptr<GradlaneSelector>> Create(const PolicyConfig& config);
   // Any candidates, in trial order (tests). Requires at least one; keeps the first 15.
   explicit GradlaneSelector(std::vector<Candidate> candidates);

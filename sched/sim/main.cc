@@ -59,11 +59,11 @@ ABSL_FLAG(double, latency_us, 25, "one-way latency, µs");
 ABSL_FLAG(double, aggregation_gbytes_per_s, 50,
           "shard summing rate over input bytes, GB/s; 0 = instantaneous");
 ABSL_FLAG(int, iterations, 10, "measured iterations");
-// 64: the gradlane policy tries its five candidate schedules in iterations 1..15 (after one
+// 88: the gradlane policy tries its seven candidate schedules in iterations 1..21 (after one
 // warm-up iteration, kTrialIterations = 3 each: sched/policies/gradlane_selector.h), runs
-// those too close to the best for their own spread again from 16 (kRunoffIterations = 9 each:
-// two to four of them in every runoff seen, choice at 34, 43 or 52; all five, never seen, 61),
-// and runs its choice from then on; that iteration still holds the last trial's backlog, and
+// those too close to the best for their own spread again from 22 (kRunoffIterations = 9 each:
+// choice at 40, 49 or 58 for two, three or four of them; all seven, kLatestChoiceIteration,
+// 85), and runs its choice from then on; that iteration still holds the last trial's backlog, and
 // the choice takes a few iterations to settle into its own steady state (up to six on the
 // small models at W = 8). A job runs thousands of iterations, so what it keeps is what its
 // users get. The trials' own cost: docs/simulator.md.

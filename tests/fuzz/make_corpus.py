@@ -50,7 +50,7 @@ put("dag", "tiny", json.dumps({"tensors": [{"name": "t", "bytes": 8}],
                                        {"name": "s", "kind": "send", "tensor": "t", "deps": ["c"]}]}))
 
 # ---- wire: transport/wire.h frames (little-endian, 64-byte header)
-MAGIC, VERSION = 0x464E4C47, 2
+MAGIC, VERSION = 0x464E4C47, 3
 
 
 def frame(ftype, payload=b"", flags=0, job=7, key=0, it=0, off=0, length=0, prio=0, rank=1,

@@ -804,7 +804,7 @@ TEST_P(ScheduleAgreementTest, FollowersRelayWhatRankZeroSays) {
               {{"a", 300 << 10, GL_DTYPE_F32, 0}, {"b", 70000, GL_DTYPE_BF16, 1}},
               6};
   job.mode = GetParam();
-  RunJob(cluster, job, 18, /*mean=*/false);
+  RunJob(cluster, job, 24, /*mean=*/false);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(cluster.Stats(i).jobs_failed, 0u) << "daemon " << i;
   std::lock_guard<std::mutex> l(mu);
   for (uint16_t rank = 1; rank < 3; ++rank) {

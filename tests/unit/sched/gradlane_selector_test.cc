@@ -153,6 +153,26 @@ std::map<std::string, std::vector<TimeNs>> FourTooCloseToCall() {
           {"e", {120 * kMillisecond, 80 * kMillisecond, 140 * kMillisecond, 120 * kMillisecond}}};
 }
 
+// kLatestChoiceIteration bounds the choice (the benchmarks' warm-ups rest on it): as many
+// candidates as gradlane has, every one within the others' spread, so all of them run again.
+TEST(GradlaneSelectorTest, TheChoiceComesByTheLatestChoiceIteration) {
+  const int count = static_cast<int>(std::size(kGradlaneCandidates));
+  auto s = MakeSelector(count);
+  std::map<std::string, std::vector<TimeNs>> cycles;
+  for (int i = 0; i < count; ++i) {
+    cycles[std::string(1, static_cast<char>('a' + i))] = {90 * kMillisecond, 110 * kMillisecond};
+  }
+  const std::string last(1, static_cast<char>('a' + count - 1));
+  cycles[last] = {88 * kMillisecond, 108 * kMillisecond};  // 2% faster: it wins
+  TimeNs now = 0;
+  RunCycles(*s, 0, kLatestChoiceIteration, &now, cycles);
+  EXPECT_TRUE(s->in_runoff()) << "a runoff of all of them is still running";
+  EXPECT_EQ(s->entrants().size(), static_cast<size_t>(count));
+  RunCycles(*s, kLatestChoiceIteration, kLatestChoiceIteration + 1, &now, cycles);
+  EXPECT_FALSE(s->exploring());
+  EXPECT_EQ(s->active_name(), last);
+}
+
 // The runoff takes every candidate within the spread, not only the round's best two.
 TEST(GradlaneSelectorTest, ARunoffTakesEveryCandidateWithinTheSpread) {
   auto s = MakeSelector(5);

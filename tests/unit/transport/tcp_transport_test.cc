@@ -426,7 +426,7 @@ TEST(TcpTransport, MalformedFramesAreCountedAndTheTransportLivesOn) {
   };
   const Case cases[] = {
       {[](FrameHeader& h) { h.magic ^= 1; }, WireError::kBadMagic},
-      {[](FrameHeader& h) { h.version = 3; }, WireError::kBadVersion},
+      {[](FrameHeader& h) { h.version = kProtocolVersion + 1; }, WireError::kBadVersion},
       {[](FrameHeader& h) { h.type = 200; }, WireError::kBadType},
       {[](FrameHeader& h) { h.flags = 0x40; }, WireError::kUnknownFlags},
       {[](FrameHeader& h) { h.length = h.payload_bytes = 2 << 20; }, WireError::kTooLong},

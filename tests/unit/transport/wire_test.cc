@@ -119,8 +119,10 @@ struct MalformedCase {
 TEST(WireCheck, EachMalformedClassHasItsOwnCode) {
   const MalformedCase cases[] = {
       {"bad magic", [](FrameHeader& h) { h.magic = 0x12345678; }, WireError::kBadMagic},
-      {"version 1", [](FrameHeader& h) { h.version = 1; }, WireError::kBadVersion},
-      {"version 3", [](FrameHeader& h) { h.version = 3; }, WireError::kBadVersion},
+      {"the previous version", [](FrameHeader& h) { h.version = kProtocolVersion - 1; },
+       WireError::kBadVersion},
+      {"the next version", [](FrameHeader& h) { h.version = kProtocolVersion + 1; },
+       WireError::kBadVersion},
       {"version 0", [](FrameHeader& h) { h.version = 0; }, WireError::kBadVersion},
       {"type 0", [](FrameHeader& h) { h.type = 0; }, WireError::kBadType},
       {"type 7", [](FrameHeader& h) { h.type = 7; }, WireError::kBadType},
