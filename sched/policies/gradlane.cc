@@ -98,18 +98,6 @@ std::unique_ptr<GradlanePolicy> GradlanePolicy::Create(const PolicyConfig& confi
                          config.initial_bandwidth_bytes_per_s, scale));
 }
 
-std::string_view GradlanePolicy::name() const {
-  switch (window_scale_) {
-    case GradlaneWindowScale::kHalf:
-      return "gradlane-rules-window/2";
-    case GradlaneWindowScale::kDouble:
-      return "gradlane-rules-window*2";
-    case GradlaneWindowScale::kOne:
-      break;
-  }
-  return "gradlane-rules";
-}
-
 void GradlanePolicy::Resize() {
   const TimeNs n =
       static_cast<TimeNs>(static_cast<double>(iteration_bytes_) / bandwidth_ * kSecond);

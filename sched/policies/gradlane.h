@@ -106,6 +106,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "sched/policy.h"
@@ -156,14 +157,27 @@ uint64_t GradlaneTakeBlock(ReadyQueue& queue, uint64_t block_bytes,
 // Rule 4's window as derived, or half or twice it: the outer loop's variants (rule 5).
 enum class GradlaneWindowScale : uint8_t { kOne, kHalf, kDouble };
 
+// The policy's name at each scale: "gradlane-rules", "gradlane-rules-window/2",
+// "gradlane-rules-window*2" (the outer loop's candidate names).
+constexpr std::string_view GradlaneRulesName(GradlaneWindowScale scale) {
+  switch (scale) {
+    case GradlaneWindowScale::kHalf:
+      return "gradlane-rules-window/2";
+    case GradlaneWindowScale::kDouble:
+      return "gradlane-rules-window*2";
+    case GradlaneWindowScale::kOne:
+      break;
+  }
+  return "gradlane-rules";
+}
+
 class GradlanePolicy final : public Policy {
  public:
   // config is already validated by MakePolicy. A fixed config.credit_bytes is not scaled.
   static std::unique_ptr<GradlanePolicy> Create(
       const PolicyConfig& config, GradlaneWindowScale scale = GradlaneWindowScale::kOne);
 
-  // "gradlane-rules", or with the scale: "gradlane-rules-window/2", "gradlane-rules-window*2".
-  std::string_view name() const override;
+  std::string_view name() const override { return GradlaneRulesName(window_scale_); }
   void RegisterTensor(const TensorSpec& tensor) override;
   void OnReady(const ReadyRange& range, TimeNs now) override;
   void OnObservedReady(const ReadyRange& range, TimeNs now) override;

@@ -23,16 +23,15 @@ absl::StatusOr<std::unique_ptr<GradlaneSelector>> GradlaneSelector::Create(
       const uint64_t own = DefaultPartitionBytes(name, DType::kF32);
       c.partition_bytes = c.partition_bytes == 0 ? own : std::min(c.partition_bytes, own);
     }
-    absl::StatusOr<std::unique_ptr<Policy>> policy;
-    if (name == "gradlane-rules-window*2" || name == "gradlane-rules-window/2") {
-      // MakePolicy has validated `config` (it builds the selector); the variants are not
-      // policies of their own to a user.
-      policy = std::unique_ptr<Policy>(GradlanePolicy::Create(c, name == "gradlane-rules-window*2"
-                                                                     ? GradlaneWindowScale::kDouble
-                                                                     : GradlaneWindowScale::kHalf));
-    } else {
-      policy = MakePolicy(c);
+    // The window variants are not policies of their own to a user, so MakePolicy does not know
+    // them; it has validated `config` (it builds the selector).
+    std::unique_ptr<Policy> variant;
+    for (GradlaneWindowScale scale : {GradlaneWindowScale::kHalf, GradlaneWindowScale::kDouble}) {
+      if (name == GradlaneRulesName(scale)) variant = GradlanePolicy::Create(c, scale);
     }
+    absl::StatusOr<std::unique_ptr<Policy>> policy =
+        variant != nullptr ? absl::StatusOr<std::unique_ptr<Policy>>(std::move(variant))
+                           : MakePolicy(c);
     if (!policy.ok()) {
       return absl::Status(policy.status().code(), absl::StrCat("gradlane candidate ", c.name, ": ",
                                                                policy.status().message()));

@@ -97,6 +97,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "sched/policies/gradlane.h"
 #include "sched/policy.h"
 
 namespace gradlane::sched {
@@ -129,6 +130,9 @@ inline constexpr uint8_t kCandidateMask = 0xf;
 inline constexpr uint8_t kMaxEpochsAhead = 3;
 inline constexpr uint32_t kMaxUnscoredRounds = 3;
 static_assert(std::size(kGradlaneCandidates) <= kCandidateMask);
+static_assert(kGradlaneCandidates[0] == GradlaneRulesName(GradlaneWindowScale::kOne) &&
+              kGradlaneCandidates[5] == GradlaneRulesName(GradlaneWindowScale::kDouble) &&
+              kGradlaneCandidates[6] == GradlaneRulesName(GradlaneWindowScale::kHalf));
 // The iteration by which the leader has chosen at the latest, with every estimate it has
 // warm: the warm-up iteration, one trial of each candidate, and a runoff of all of them. A
 // benchmark's warm-up of at least this many iterations measures the chosen schedule only
