@@ -1,6 +1,7 @@
 #include "sched/policies/gradlane_selector.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <utility>
 
@@ -98,6 +99,7 @@ void GradlaneSelector::Score(TimeNs period) {
   const int64_t scored = runoff ? kRunoffScored : kScoredIterations;
   if (into % length < length - scored) return;  // absorbs what the previous candidate left
   Trial& t = trials_[c];
+  if (t.periods < scored / 2) t.first_half += period;
   t.total += period;
   ++t.periods;
   t.shortest = std::min(t.shortest, period);
@@ -128,6 +130,29 @@ size_t GradlaneSelector::Fastest() const {
     }
   }
   return best;
+}
+
+double GradlaneSelector::MeanNoise(size_t candidate) const {
+  const Trial& t = trials_[candidate];
+  const int64_t half = t.periods / 2;
+  if (half == 0) return 0.0;
+  const double first = static_cast<double>(t.first_half) / static_cast<double>(half);
+  const double second =
+      static_cast<double>(t.total - t.first_half) / static_cast<double>(t.periods - half);
+  return std::abs(first - second) / 2.0;
+}
+
+size_t GradlaneSelector::KeptAfterRunoff() const {
+  const size_t fastest = Fastest();
+  if (fastest == candidates_.size()) return fastest;
+  const double fastest_mean = static_cast<double>(score(fastest));
+  size_t kept = fastest;
+  for (size_t c : entrants_) {
+    if (c >= kept || !Complete(c)) continue;
+    const double behind = static_cast<double>(score(c)) - fastest_mean;
+    if (behind <= std::hypot(MeanNoise(c), MeanNoise(fastest))) kept = c;
+  }
+  return kept;
 }
 
 void GradlaneSelector::EndRound() {
@@ -221,7 +246,7 @@ void GradlaneSelector::StartIteration(int64_t iteration, TimeNs now) {
   } else {
     // A runoff that scored none (skipped iteration indices) keeps the round's winner, and
     // its round score, so that a drift can still start the trials again.
-    size_t best = Fastest();
+    size_t best = KeptAfterRunoff();
     if (best == candidates_.size()) {
       best = entrants_.front();
       trials_[best] = round_winner_;

@@ -49,8 +49,16 @@
 //    spread of the winner's or its own periods (longest minus shortest scored period, over the
 //    mean) runs again, with the winner, for kRunoffIterations each, scored by the last
 //    kRunoffScored (whole cycles of 2, 4 or 8; of any other length up to 8, all but part of
-//    one cycle), and the fastest of those is kept (the lower index on a tie; the round's
-//    winner, with its round score, if no runoff trial is complete). Every one within the
+//    one cycle), and the fastest of those is kept — unless an earlier candidate (the rules
+//    first) is behind it by no more than the two scores' noise together, estimated from each
+//    trial's own periods as half the gap between the means of its first and last four
+//    (KeptAfterRunoff; the round's winner, with its round score, if no runoff trial is
+//    complete). Periods that repeat in whole cycles have no such noise and the fastest is
+//    kept; where the machine's load moves the periods, scores a percent apart rank nothing:
+//    through the daemons (densenet121, TCP, W = 3, 2 cores) the runoff kept the window ÷ 2 on a
+//    score within 1% of the rules', and it ran 2–3% slower than the rules for good. A choice
+//    among candidates the measurement cannot tell apart then costs nothing: the earlier one,
+//    the rules by preference, is kept. Every one within the
 //    spread, not only the runner-up: with the best two only, squeezenet1_1 at ρ 1, 1 Gbit/s,
 //    W = 8 ran a runoff of the rules and bytescheduler while prophet, third in the round by
 //    4% and 2% faster than both over many iterations, never ran again.
@@ -200,6 +208,7 @@ class GradlaneSelector final : public Policy {
     int64_t periods = 0;
     TimeNs shortest = kNever;
     TimeNs longest = 0;
+    TimeNs first_half = 0;  // the total of the first half of the scored periods
   };
 
   void StartIteration(int64_t iteration, TimeNs now);
@@ -219,6 +228,14 @@ class GradlaneSelector final : public Policy {
   double Spread(size_t candidate) const;
   // The entrant of the smallest complete score (candidate_count() if none).
   size_t Fastest() const;
+  // How far `candidate`'s mean score may be from its true mean: half the difference between
+  // the means of its first and second half of scored periods (0 where they agree, as over
+  // whole cycles of a schedule whose periods repeat).
+  double MeanNoise(size_t candidate) const;
+  // The runoff's choice: the earliest entrant whose score is behind the fastest's by no more
+  // than the two scores' noise together (the fastest where none is), candidate_count() if no
+  // trial is complete.
+  size_t KeptAfterRunoff() const;
   void StartTrials(Phase phase, int64_t from);
   // The leader's switch to `candidate` (a new epoch if it differs).
   void Activate(size_t candidate);

@@ -194,6 +194,44 @@ TEST(GradlaneSelectorTest, ARunoffTakesEveryCandidateWithinTheSpread) {
   EXPECT_EQ(s->score(3), 150 * kMillisecond) << "the round's score of a candidate not in it";
 }
 
+// a and b tie in the round (100 ms; b's periods 95 and 105 put it in a runoff); c is too slow.
+// In the runoff a scores 102 ms, its halves 100 and 104 apart (noise 2 ms); b scores
+// `b_runoff`'s mean. Periods in ms, in the order each candidate runs them (its warm-up first).
+std::map<std::string, std::vector<TimeNs>> NoisyRunoff(std::vector<TimeNs> b_runoff) {
+  std::vector<TimeNs> a = {100, 100, 100, 100, 100, 100, 98, 102, 100, 104, 106, 102, 104};
+  std::vector<TimeNs> b = {100, 95, 105, 100};
+  b.insert(b.end(), b_runoff.begin(), b_runoff.end());
+  for (TimeNs& t : a) t *= kMillisecond;
+  for (TimeNs& t : b) t *= kMillisecond;
+  return {{"a", a}, {"b", b}, {"c", {150 * kMillisecond}}};
+}
+
+TEST(GradlaneSelectorTest, ARunoffKeepsTheEarlierCandidateWhereTheScoresDifferByLessThanNoise) {
+  auto s = MakeSelector();
+  TimeNs now = 0;
+  // b 1.5 ms faster (100.5: halves 100 and 101, noise 0.5), within hypot(2, 0.5) = 2.06 ms.
+  const std::vector<std::string> ran =
+      RunCycles(*s, 0, 30, &now, NoisyRunoff({96, 104, 100, 100, 102, 98, 104, 100}));
+  std::vector<std::string> expected = {"a", "a", "a", "a", "b", "b", "b", "c", "c", "c"};
+  expected.insert(expected.end(), 9, "a");
+  expected.insert(expected.end(), 9, "b");
+  expected.insert(expected.end(), 2, "a");
+  EXPECT_EQ(ran, expected);
+  EXPECT_EQ(s->runoffs(), 1u);
+  EXPECT_FALSE(s->exploring());
+  EXPECT_EQ(s->score(0), 102 * kMillisecond);
+  EXPECT_EQ(s->score(1), 100500 * kMicrosecond);
+  EXPECT_EQ(s->active_name(), "a") << "b's lead is within the noise of the two scores";
+
+  // b 11.5 ms faster (90.5, halves 90 and 91): beyond the noise, b is kept.
+  s = MakeSelector();
+  now = 0;
+  RunCycles(*s, 0, 30, &now, NoisyRunoff({90, 90, 92, 88, 91, 91, 90, 92, 91}));
+  EXPECT_EQ(s->runoffs(), 1u);
+  EXPECT_FALSE(s->exploring());
+  EXPECT_EQ(s->active_name(), "b");
+}
+
 TEST(GradlaneSelectorTest, ARunoffThatScoresNoneKeepsTheRoundsWinnerAndItsScore) {
   auto s = MakeSelector();
   TimeNs now = 0;
