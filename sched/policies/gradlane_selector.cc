@@ -150,7 +150,8 @@ size_t GradlaneSelector::KeptAfterRunoff() const {
   for (size_t c : entrants_) {
     if (c >= kept || !Complete(c)) continue;
     const double behind = static_cast<double>(score(c)) - fastest_mean;
-    if (behind <= std::hypot(MeanNoise(c), MeanNoise(fastest))) kept = c;
+    const double noise = std::hypot(MeanNoise(c), MeanNoise(fastest));
+    if (behind <= std::min(noise, kRunoffTieShare * fastest_mean)) kept = c;
   }
   return kept;
 }

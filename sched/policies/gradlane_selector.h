@@ -1,8 +1,8 @@
 // sched/policies/gradlane_selector.h — the `gradlane` policy's outer loop: it runs several
 // complete schedules (candidates) one after another for a few training iterations each, times
 // every iteration on rank 0, and the whole job keeps the candidate whose trial iterations were
-// shortest; it tries them all again when the iteration time drifts (a new link rate, a new
-// ready pattern).
+// shortest (or an earlier one, the rules first, that the measurement cannot tell from it); it
+// tries them all again when the iteration time drifts (a new link rate, a new ready pattern).
 //
 // Why an outer loop over whole schedules. gradlane's rules (gradlane.h: message size, fusion
 // and window from the measured rate, RTT and θ) have the lowest mean over every profile, link
@@ -51,14 +51,16 @@
 //    kRunoffScored (whole cycles of 2, 4 or 8; of any other length up to 8, all but part of
 //    one cycle), and the fastest of those is kept — unless an earlier candidate (the rules
 //    first) is behind it by no more than the two scores' noise together, estimated from each
-//    trial's own periods as half the gap between the means of its first and last four
-//    (KeptAfterRunoff; the round's winner, with its round score, if no runoff trial is
-//    complete). Periods that repeat in whole cycles have no such noise and the fastest is
-//    kept; where the machine's load moves the periods, scores a percent apart rank nothing:
-//    through the daemons (densenet121, TCP, W = 3, 2 cores) the runoff kept the window ÷ 2 on a
-//    score within 1% of the rules', and it ran 2–3% slower than the rules for good. A choice
-//    among candidates the measurement cannot tell apart then costs nothing: the earlier one,
-//    the rules by preference, is kept. Every one within the
+//    trial's own periods as half the gap between the means of its first and second half, and
+//    by at most kRunoffTieShare of the fastest's score (KeptAfterRunoff; the round's winner,
+//    with its round score, if no runoff trial is complete). Where the machine's load moves
+//    the periods, scores a percent apart rank nothing: through the daemons (densenet121, TCP,
+//    W = 3, 2 cores) the runoff kept the window ÷ 2 on a score within 1% of the rules', and it
+//    ran 2–3% slower than the rules for good. A choice among candidates the measurement
+//    cannot tell apart is then made by preference, the rules first. Periods that repeat in
+//    cycles of 1, 2 or 4 have no such noise, and the fastest is kept; a cycle of 8 or of an
+//    odd length, or periods that trend, read as noise though they are not, hence the cap: a
+//    tie kept wrongly costs at most that share. Every one within the
 //    spread, not only the runner-up: with the best two only, squeezenet1_1 at ρ 1, 1 Gbit/s,
 //    W = 8 ran a runoff of the rules and bytescheduler while prophet, third in the round by
 //    4% and 2% faster than both over many iterations, never ran again.
@@ -125,6 +127,9 @@ inline constexpr int64_t kScoredIterations = 2;
 // A runoff's trials (the round's candidates within their spread of its winner).
 inline constexpr int64_t kRunoffIterations = 9;
 inline constexpr int64_t kRunoffScored = 8;
+// At most this share of the fastest runoff score may an earlier candidate be behind and still
+// be kept as a tie (KeptAfterRunoff): the margin gradlane is held to against any one schedule.
+inline constexpr double kRunoffTieShare = 0.01;
 inline constexpr double kDriftShare = 0.2;
 inline constexpr double kMaxDriftShare = 0.5;
 inline constexpr int kDriftIterations = 3;
@@ -233,8 +238,8 @@ class GradlaneSelector final : public Policy {
   // whole cycles of a schedule whose periods repeat).
   double MeanNoise(size_t candidate) const;
   // The runoff's choice: the earliest entrant whose score is behind the fastest's by no more
-  // than the two scores' noise together (the fastest where none is), candidate_count() if no
-  // trial is complete.
+  // than the two scores' noise together nor kRunoffTieShare of the fastest's score (the
+  // fastest where none is), candidate_count() if no trial is complete.
   size_t KeptAfterRunoff() const;
   void StartTrials(Phase phase, int64_t from);
   // The leader's switch to `candidate` (a new epoch if it differs).

@@ -1,7 +1,8 @@
 // Unit tests of gradlane's outer loop (sched/policies/gradlane_selector.h): the leader tries
-// every candidate and keeps the fastest, tries again when the iteration time drifts, followers
-// run the leader's decision (and only a newer one), and a switch never puts two candidates'
-// windows in flight at once nor loses or repeats a byte.
+// every candidate and keeps the fastest (or an earlier one within the noise of a runoff's
+// scores), tries again when the iteration time drifts, followers run the leader's decision
+// (and only a newer one), and a switch never puts two candidates' windows in flight at once
+// nor loses or repeats a byte.
 #include "sched/policies/gradlane_selector.h"
 
 #include <map>
@@ -194,42 +195,44 @@ TEST(GradlaneSelectorTest, ARunoffTakesEveryCandidateWithinTheSpread) {
   EXPECT_EQ(s->score(3), 150 * kMillisecond) << "the round's score of a candidate not in it";
 }
 
-// a and b tie in the round (100 ms; b's periods 95 and 105 put it in a runoff); c is too slow.
-// In the runoff a scores 102 ms, its halves 100 and 104 apart (noise 2 ms); b scores
-// `b_runoff`'s mean. Periods in ms, in the order each candidate runs them (its warm-up first).
-std::map<std::string, std::vector<TimeNs>> NoisyRunoff(std::vector<TimeNs> b_runoff) {
-  std::vector<TimeNs> a = {100, 100, 100, 100, 100, 100, 98, 102, 100, 104, 106, 102, 104};
-  std::vector<TimeNs> b = {100, 95, 105, 100};
-  b.insert(b.end(), b_runoff.begin(), b_runoff.end());
-  for (TimeNs& t : a) t *= kMillisecond;
-  for (TimeNs& t : b) t *= kMillisecond;
-  return {{"a", a}, {"b", b}, {"c", {150 * kMillisecond}}};
-}
-
-TEST(GradlaneSelectorTest, ARunoffKeepsTheEarlierCandidateWhereTheScoresDifferByLessThanNoise) {
+// a and b tie in the round (2000 ms; b's periods 1900 and 2100 put it in a runoff); c is too
+// slow. In the runoff a and b score the given halves: four periods each at the first, four at
+// the second. Returns which of them is kept.
+std::string KeptAfterANoisyRunoff(TimeNs a_first, TimeNs a_second, TimeNs b_first,
+                                  TimeNs b_second) {
+  std::vector<TimeNs> a(5, 2000 * kMillisecond);  // warm-up, round, the runoff's first
+  std::vector<TimeNs> b = {2000 * kMillisecond, 1900 * kMillisecond, 2100 * kMillisecond,
+                           2000 * kMillisecond};
+  a.insert(a.end(), 4, a_first * kMillisecond);
+  a.insert(a.end(), 4, a_second * kMillisecond);
+  b.insert(b.end(), 4, b_first * kMillisecond);
+  b.insert(b.end(), 4, b_second * kMillisecond);
   auto s = MakeSelector();
   TimeNs now = 0;
-  // b 1.5 ms faster (100.5: halves 100 and 101, noise 0.5), within hypot(2, 0.5) = 2.06 ms.
   const std::vector<std::string> ran =
-      RunCycles(*s, 0, 30, &now, NoisyRunoff({96, 104, 100, 100, 102, 98, 104, 100}));
+      RunCycles(*s, 0, 30, &now, {{"a", a}, {"b", b}, {"c", {3000 * kMillisecond}}});
   std::vector<std::string> expected = {"a", "a", "a", "a", "b", "b", "b", "c", "c", "c"};
   expected.insert(expected.end(), 9, "a");
   expected.insert(expected.end(), 9, "b");
-  expected.insert(expected.end(), 2, "a");
-  EXPECT_EQ(ran, expected);
+  EXPECT_EQ(std::vector<std::string>(ran.begin(), ran.begin() + 28), expected);
   EXPECT_EQ(s->runoffs(), 1u);
   EXPECT_FALSE(s->exploring());
-  EXPECT_EQ(s->score(0), 102 * kMillisecond);
-  EXPECT_EQ(s->score(1), 100500 * kMicrosecond);
-  EXPECT_EQ(s->active_name(), "a") << "b's lead is within the noise of the two scores";
+  EXPECT_EQ(ran.back(), s->active_name());
+  return std::string(s->active_name());
+}
 
-  // b 11.5 ms faster (90.5, halves 90 and 91): beyond the noise, b is kept.
-  s = MakeSelector();
-  now = 0;
-  RunCycles(*s, 0, 30, &now, NoisyRunoff({90, 90, 92, 88, 91, 91, 90, 92, 91}));
-  EXPECT_EQ(s->runoffs(), 1u);
-  EXPECT_FALSE(s->exploring());
-  EXPECT_EQ(s->active_name(), "b");
+TEST(GradlaneSelectorTest, ARunoffKeepsTheEarlierCandidateWhereTheScoresDifferByLessThanNoise) {
+  // a: 2008 ms, halves 16 apart (noise 8); b: noise 6. Together hypot(8, 6) = 10 ms.
+  EXPECT_EQ(KeptAfterANoisyRunoff(2000, 2016, 1993, 2005), "a") << "b 9 ms faster: within 10";
+  EXPECT_EQ(KeptAfterANoisyRunoff(2000, 2016, 1990, 2002), "b") << "b 12 ms faster: beyond 10";
+  EXPECT_EQ(KeptAfterANoisyRunoff(2000, 2016, 1999, 1999), "b")
+      << "b 9 ms faster and steady: beyond a's noise of 8 alone";
+  // a slows down in its trial (2000, then 2080: noise 40) against a steady 2010: 30 ms behind,
+  // within the noise, but more than 1% of b's score.
+  EXPECT_EQ(KeptAfterANoisyRunoff(2000, 2080, 2010, 2010), "b") << "capped at kRunoffTieShare";
+  // Where every candidate's periods are steady only an exact tie goes to the earlier one.
+  EXPECT_EQ(KeptAfterANoisyRunoff(2000, 2000, 1999, 1999), "b");
+  EXPECT_EQ(KeptAfterANoisyRunoff(2000, 2000, 2000, 2000), "a");
 }
 
 TEST(GradlaneSelectorTest, ARunoffThatScoresNoneKeepsTheRoundsWinnerAndItsScore) {
