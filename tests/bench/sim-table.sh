@@ -7,8 +7,8 @@
 #
 # --allreduce (docs/simulator.md, "All-reduce mode"): ring all-reduce instead, every profile
 # (tiny.json included) at ρ = 1 × bandwidth ∈ {1, 3, 10} Gbit/s × W ∈ {3, 8} × priorities ∈
-# {index, pace}: each policy's T / the all-reduce bound, the best policy of the row and the
-# bound in ms; on stderr, per policy the geometric mean of T / bound, the rows where it is best
+# {index, pace}: each policy's T / the all-reduce bound, the best policy of the row, the bound
+# in ms and gradlane's rules alone (gradlane-rules) / the bound; on stderr, per policy the geometric mean of T / bound, the rows where it is best
 # and its worst row.
 #
 # Defaults: build-h12 (any build dir with sched/gradlane-sim), every tests/data/models/*.json
@@ -48,8 +48,9 @@ if ((allreduce)); then
           n = split("fifo p3 bytescheduler prophet gradlane", names, " ")
           best = names[1]
           for (i = 2; i <= n; i++) if (r[names[i]] < r[best]) best = names[i]
-          printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", p, bw, w, pr, r["fifo"], r["p3"],
-                 r["bytescheduler"], r["prophet"], r["gradlane"], best, ms["ideal"]
+          printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", p, bw, w, pr, r["fifo"], r["p3"],
+                 r["bytescheduler"], r["prophet"], r["gradlane"], best, ms["ideal"],
+                 r["gradlane-rules"]
         }'
   }
   export -f arrow
@@ -60,7 +61,7 @@ if ((allreduce)); then
     echo "$p $bw $w $pr"
   done; done; done; done | xargs -P "$jobs" -n 4 bash -c 'arrow "$@"' _ |
     sort -t, -k1,1 -k2,2V -k3,3n -k4,4 > "$rows"
-  echo "profile,bandwidth,workers,priorities,fifo,p3,bytescheduler,prophet,gradlane,best,ideal_ms"
+  echo "profile,bandwidth,workers,priorities,fifo,p3,bytescheduler,prophet,gradlane,best,ideal_ms,gradlane_rules"
   cat "$rows"
   awk -F, '
     { n++; split("fifo p3 bytescheduler prophet gradlane", names, " ")
@@ -68,11 +69,13 @@ if ((allreduce)); then
         v = $(4 + i); lg[i] += log(v); if (v > worst[i]) { worst[i] = v; wrow[i] = $1 "/" $2 "/W" $3 "/" $4 }
         if (names[i] == $10) wins[i]++ }
       b = 1e9; for (i = 1; i <= 5; i++) if ($(4 + i) < b) b = $(4 + i)
-      if (b > bworst) { bworst = b; brow = $0 } if (b <= 1.10) bok++ }
+      if (b > bworst) { bworst = b; brow = $0 } if (b <= 1.10) bok++
+      lr += log($12); if ($9 > 1.01 * $12) behind++ }
     END {
       printf "# rows %d; the best policy within 1.10x of the bound in %d; worst best-policy row: %s\n", n, bok, brow > "/dev/stderr"
       for (i = 1; i <= 5; i++)
         printf "# %s: geometric mean %.3f, best in %d rows, worst %.3f (%s)\n", names[i], exp(lg[i] / n), wins[i], worst[i], wrow[i] > "/dev/stderr"
+      printf "# gradlane-rules: geometric mean %.3f; gradlane more than 1%% slower than its rules in %d rows\n", exp(lr / n), behind > "/dev/stderr"
     }' "$rows"
   exit 0
 fi
