@@ -21,8 +21,8 @@ ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(60),
           "how long a job keeps dialing peers that are not up (or do not know the job) yet");
 ABSL_FLAG(std::string, default_policy, "gradlane",
           "scheduling policy for jobs that name none: fifo, p3, bytescheduler, prophet, "
-          "gradlane (tries its rules and those four for 3 iterations each, keeps the fastest), "
-          "gradlane-rules");
+          "gradlane (times its rules, those four and its rules with half and twice their window on "
+          "the job and keeps the fastest; docs/daemon.md), gradlane-rules");
 ABSL_FLAG(std::string, reduce, "sum", "reduction of the W contributions: sum or mean");
 ABSL_FLAG(std::string, allreduce_fusion, "off",
           "all-reduce jobs: off (every partition its own ring; results reproducible bit for bit "

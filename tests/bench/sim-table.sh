@@ -8,8 +8,9 @@
 # --allreduce (docs/simulator.md, "All-reduce mode"): ring all-reduce instead, every profile
 # (tiny.json included) at ρ = 1 × bandwidth ∈ {1, 3, 10} Gbit/s × W ∈ {3, 8} × priorities ∈
 # {index, pace}: each policy's T / the all-reduce bound, the best policy of the row, the bound
-# in ms and gradlane's rules alone (gradlane-rules) / the bound; on stderr, per policy the geometric mean of T / bound, the rows where it is best
-# and its worst row.
+# in ms and gradlane's rules alone (gradlane-rules) / the bound; on stderr, over the index rows,
+# per policy the geometric mean of T / bound, the rows where it is best and its worst row, and
+# how often gradlane is more than 1% slower than its rules alone.
 #
 # Defaults: build-h12 (any build dir with sched/gradlane-sim), every tests/data/models/*.json
 # but tiny.json. GRADLANE_SIM_JOBS runs that many simulations at once (default 2). Output: one
@@ -63,7 +64,9 @@ if ((allreduce)); then
     sort -t, -k1,1 -k2,2V -k3,3n -k4,4 > "$rows"
   echo "profile,bandwidth,workers,priorities,fifo,p3,bytescheduler,prophet,gradlane,best,ideal_ms,gradlane_rules"
   cat "$rows"
+  # The summary is over the index rows only: each (profile, bandwidth, W) once.
   awk -F, '
+    $4 != "index" { next }
     { n++; split("fifo p3 bytescheduler prophet gradlane", names, " ")
       for (i = 1; i <= 5; i++) {
         v = $(4 + i); lg[i] += log(v); if (v > worst[i]) { worst[i] = v; wrow[i] = $1 "/" $2 "/W" $3 "/" $4 }
@@ -72,7 +75,7 @@ if ((allreduce)); then
       if (b > bworst) { bworst = b; brow = $0 } if (b <= 1.10) bok++
       lr += log($12); if ($9 > 1.01 * $12) behind++ }
     END {
-      printf "# rows %d; the best policy within 1.10x of the bound in %d; worst best-policy row: %s\n", n, bok, brow > "/dev/stderr"
+      printf "# index rows %d; the best policy within 1.10x of the bound in %d; worst best-policy row: %s\n", n, bok, brow > "/dev/stderr"
       for (i = 1; i <= 5; i++)
         printf "# %s: geometric mean %.3f, best in %d rows, worst %.3f (%s)\n", names[i], exp(lg[i] / n), wins[i], worst[i], wrow[i] > "/dev/stderr"
       printf "# gradlane-rules: geometric mean %.3f; gradlane more than 1%% slower than its rules in %d rows\n", exp(lr / n), behind > "/dev/stderr"
