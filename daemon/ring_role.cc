@@ -190,6 +190,7 @@ void RingRole::Send_st(uint32_t part_index, uint32_t c, sched::Direction directi
   r.tensor_bytes = t.spec.bytes;
   r.offset = p.offset + b;
   r.length = e - b;
+  r.ring_hop = true;
   job_.Ready_st(r, now);
 }
 

@@ -80,6 +80,11 @@ struct ReadyRange {
   uint64_t tensor_bytes = 0;  // the whole tensor's size, so partitions are stable across ranges
   uint64_t offset = 0;
   uint64_t length = 0;
+  // A hop of a ring all-reduce chunk (reduce-scatter or all-gather) to the right neighbour.
+  // Every chunk's ring is a chain of hops, each waiting for the previous one, and a policy may
+  // order a host's hops by when they arrived rather than where they lie in the tensor
+  // (gradlane's rules do: gradlane.h, rule 2).
+  bool ring_hop = false;
 };
 
 // One schedulable unit: a byte range of a tensor, never a copy of its data.

@@ -165,11 +165,14 @@ void GradlanePolicy::OnReady(const ReadyRange& range, TimeNs now) {
     const uint32_t partition = KeyPartition(piece.key);
     while (s.offset < end) {
       s.length = std::min(slice, end - s.offset);
-      s.round = GradlaneSliceRound(partition, (s.offset - partition_start) / slice, peers_ + 1);
+      s.round = range.ring_hop ? ring_arrival_
+                               : GradlaneSliceRound(partition, (s.offset - partition_start) / slice,
+                                                    peers_ + 1);
       queue_.Push(s);
       s.offset += s.length;
     }
   });
+  if (range.ring_hop) ++ring_arrival_;
 }
 
 bool GradlanePolicy::NextDispatch(TimeNs /*now*/, Dispatch& out) {

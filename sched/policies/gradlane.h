@@ -36,6 +36,17 @@
 //   bytescheduler 1.04x). The simulator reduces byte ranges as they arrive, where the groups
 //   cost up to 1.6% (alexnet; vgg16 1.3%). The forward pass needs the whole tensor, so the order
 //   inside it costs nothing else.
+//   Ring hops (ReadyRange::ring_hop, all-reduce) are the exception: within a priority they go
+//   in the order they arrived. Each chunk of a tensor is a chain of 2(W − 1) hops around the
+//   ring, each waiting for the one before, and all of a host's hops go to one neighbour, so
+//   there is nothing to spread; what the order decides is which chain waits. By offset, every
+//   host serves the same chunks first whatever their chains' progress, and the ring has a
+//   second steady state, each host up to ~1 ms behind its left neighbour, that it never
+//   leaves (tiny, 3 Gbit/s, W = 8, ρ = 1: 66.5 ms per iteration from an in-step start, 76–78
+//   ms from any other or after three iterations of another schedule; squeezenet1_1 at
+//   1 Gbit/s 83 against 95–100 ms). In arrival order each host forwards the chains as the
+//   classic ring does, and the ring falls into step from any start (67.1 and 83.3 ms).
+//   docs/simulator.md, "ring hops in arrival order".
 // Rule 3, fusion (GradlaneTakeBlock). A dispatch is one message: the most urgent queued slice
 //   and, behind it, the next slices *for the same peer in priority order* while the block stays
 //   within δ. Slices for other peers that are passed over stay queued, in order, and go in the
@@ -229,6 +240,9 @@ class GradlanePolicy final : public Policy {
   uint64_t message_bytes_ = 0;   // δ
   std::vector<bool> peer_seen_;  // by peer rank (16 bits)
   uint32_t peers_ = 0;           // P: distinct peers this host has sent to
+  // Rule 2's ring hops: the next one's Segment::round. It wraps after 2^32 hops (a misordered
+  // pair of hops once per wrap, order only).
+  uint32_t ring_arrival_ = 0;
   uint64_t capacity_ = 0;
   uint64_t in_use_ = 0;  // charged bytes in flight
   uint64_t bytes_in_flight_ = 0;

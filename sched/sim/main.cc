@@ -72,6 +72,9 @@ ABSL_FLAG(int, iterations, 10, "measured iterations");
 constexpr int kDefaultWarmup = 88;
 static_assert(kDefaultWarmup >= gradlane::sched::kLatestChoiceIteration);
 ABSL_FLAG(int, warmup, kDefaultWarmup, "warm-up iterations (simulated, not measured)");
+ABSL_FLAG(double, start_skew_us, 0,
+          "host w starts its first iteration at w times this (µs; 0: every host at once, "
+          "as before; daemons never start in step)");
 ABSL_FLAG(int64_t, partition_bytes, 0, "partition size δ for every policy; 0 = each one's default");
 ABSL_FLAG(int64_t, credit_bytes, 0, "credit window for every policy; 0 = each one's default");
 ABSL_FLAG(int64_t, shard_partition_bytes, 4 << 20,
@@ -281,6 +284,11 @@ int main(int argc, char** argv) {
   config.live_link_estimates = absl::GetFlag(FLAGS_live_link_estimates);
   config.measured_iterations = absl::GetFlag(FLAGS_iterations);
   config.warmup_iterations = absl::GetFlag(FLAGS_warmup);
+  const double skew_us = absl::GetFlag(FLAGS_start_skew_us);
+  if (!std::isfinite(skew_us) || skew_us < 0 || skew_us > 1e7) {
+    Fail(2, "--start_skew_us must be in [0, 1e7]");
+  }
+  config.start_skew_ns = static_cast<TimeNs>(std::llround(skew_us * 1000));
   const int64_t shard_bytes = absl::GetFlag(FLAGS_shard_partition_bytes);
   const int64_t ideal_bytes = absl::GetFlag(FLAGS_ideal_granularity_bytes);
   const int64_t partition = absl::GetFlag(FLAGS_partition_bytes);

@@ -140,6 +140,7 @@ enum class EventType : uint8_t {
   kIdealSchedule,
   kRingReduced,      // all-reduce: a host finished summing a chunk (a = ring job)
   kRingChainArrive,  // all-reduce bound: a chain hop arrived (a = message)
+  kWorkerStart,      // a worker's first iteration, SimConfig::start_skew_ns after the previous
 };
 
 struct Event {
@@ -480,7 +481,13 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory, std::string_
     host.policy->OnLinkEstimate(bytes_per_s, 2 * config_.latency_ns + config_.overhead_ns);
   }
 
-  for (int w = 0; w < w_; ++w) TryAdvance(w, 0);
+  for (int w = 0; w < w_; ++w) {
+    if (w == 0 || config_.start_skew_ns == 0) {
+      TryAdvance(w, 0);
+    } else {
+      Push(w * config_.start_skew_ns, EventType::kWorkerStart, w);
+    }
+  }
 
   while (!events_.empty() && error_.ok()) {
     const Event e = events_.top();
@@ -503,6 +510,9 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory, std::string_
         TryAdvance(e.host, e.time);
         break;
       }
+      case EventType::kWorkerStart:
+        TryAdvance(e.host, e.time);
+        break;
       case EventType::kGradientsReady:
         OnGradientsReady(e.host, e.a, static_cast<size_t>(e.b), e.time);
         break;
@@ -1242,6 +1252,7 @@ void Engine::RingSend(int host, int64_t iteration, uint32_t tensor, size_t chunk
   range.tensor_bytes = profile_.layers[tensor].param_bytes;
   range.offset = offset;
   range.length = length;
+  range.ring_hop = true;
   hosts_[host].policy->OnReady(range, now);
   NoteSchedule(host, range.iteration);
 }
@@ -1295,6 +1306,9 @@ absl::Status ValidateConfig(const ModelProfile& profile, const SimConfig& config
       config.warmup_iterations > 100000 || config.measured_iterations > 100000) {
     return absl::InvalidArgumentError(
         "warmup iterations must be >= 0 and measured iterations >= 1 (at most 100000 each)");
+  }
+  if (config.start_skew_ns < 0 || config.start_skew_ns > 10 * kSecond) {
+    return absl::InvalidArgumentError("start skew must be in [0, 10 s]");
   }
   if (!config.priorities.empty() && config.priorities.size() != profile.layers.size()) {
     return absl::InvalidArgumentError(absl::StrCat(

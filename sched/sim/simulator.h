@@ -62,7 +62,8 @@
 // hop j going from host c+j to host c+j+1 (mod W): hops 0..W−2 are the reduce-scatter (in step
 // s host r sends chunk r−s to r+1), hops W−1..2W−3 the all-gather. Each hop is one ReadyRange
 // fed to the sender's Policy (kPush for reduce-scatter, kPull for all-gather, peer = the right
-// neighbour, the tensor's priority), which cuts and orders it as it does pushes and pulls. A
+// neighbour, the tensor's priority, ring_hop set), which cuts and orders it as it does pushes
+// and pulls. A
 // host sends its reduce-scatter hop of a chunk once its own gradient is ready and (hop ≥ 1) the
 // whole chunk from the left arrived and was summed with its contribution (2·chunk input bytes on
 // the host's summing engine at aggregation_bytes_per_s); the host where the reduce-scatter ends
@@ -173,6 +174,10 @@ struct SimConfig {
   // Even and long enough that period-2 patterns (a policy alternating a long and a short
   // iteration) average out; the first iteration has no pull to wait for and is always short.
   int warmup_iterations = 3;
+  // Host w starts its first iteration at w · start_skew_ns (0: every host at once). Daemons
+  // never start in step; in all-reduce mode a schedule can have one steady state from an
+  // in-step start and another from any other (docs/simulator.md, "ring hops in arrival order").
+  TimeNs start_skew_ns = 0;
   int measured_iterations = 10;
   // Piece size of the ideal bound; 0 = auto: 20 µs of link time, clamped to [16 KiB, 1 MiB].
   uint64_t ideal_granularity_bytes = 0;

@@ -13,7 +13,9 @@
 # how often gradlane is more than 1% slower than its rules alone.
 #
 # Defaults: build-h12 (any build dir with sched/gradlane-sim), every tests/data/models/*.json
-# but tiny.json. GRADLANE_SIM_JOBS runs that many simulations at once (default 2). Output: one
+# but tiny.json. GRADLANE_SIM_JOBS runs that many simulations at once (default 2).
+# GRADLANE_SIM_FLAGS adds flags to every simulation (e.g. "--start_skew_us 100": hosts that
+# start one after another, as daemons do). Output: one
 # CSV row per (profile, rho, bandwidth, W): each policy's T/ideal, the best seed policy,
 # gradlane / best seed, the all-ports fluid priority schedule's T/ideal (a reference: what
 # a perfect preemptive priority scheduler with no per-message cost gets when every port is
@@ -35,12 +37,13 @@ shift || true
 sim="$root/$build/sched/gradlane-sim"
 [[ -x $sim ]] || { echo "sim-table: $sim not built (ninja -C $build sched/gradlane-sim)" >&2; exit 2; }
 jobs=${GRADLANE_SIM_JOBS:-2}
+extra=${GRADLANE_SIM_FLAGS:-}
 policies=fifo,p3,bytescheduler,prophet,gradlane,gradlane-rules
 
 if ((allreduce)); then
   (($# > 0)) || set -- "$root"/tests/data/models/*.json
   arrow() {  # profile bandwidth workers priorities
-    "$sim" --mode allreduce --profile "$1" --rho 1 --bandwidth "$2" --workers "$3" \
+    "$sim" $extra --mode allreduce --profile "$1" --rho 1 --bandwidth "$2" --workers "$3" \
         --priorities "$4" --policy "$policies" --format csv |
       awk -F, -v p="$(basename "$1" .json)" -v bw="$2" -v w="$3" -v pr="$4" '
         NR == 1 { next }
@@ -55,7 +58,7 @@ if ((allreduce)); then
         }'
   }
   export -f arrow
-  export sim policies
+  export sim policies extra
   rows=$(mktemp)
   trap 'rm -f "$rows"' EXIT
   for p in "$@"; do for bw in 1gbit 3gbit 10gbit; do for w in 3 8; do for pr in index pace; do
@@ -90,9 +93,9 @@ fi
 row() {  # profile rho bandwidth workers
   # The bound once more with the plain 4 MiB key map (no balance rule): both bounds are reported.
   local plain
-  plain=$("$sim" --profile "$1" --rho "$2" --bandwidth "$3" --workers "$4" --policy fifo \
+  plain=$("$sim" $extra --profile "$1" --rho "$2" --bandwidth "$3" --workers "$4" --policy fifo \
       --balance_shards=false --format csv | awk -F, '$1 == "ideal" { print $2 }')
-  "$sim" --profile "$1" --rho "$2" --bandwidth "$3" --workers "$4" --policy "$policies" \
+  "$sim" $extra --profile "$1" --rho "$2" --bandwidth "$3" --workers "$4" --policy "$policies" \
       --fluid --format csv |
     awk -F, -v p="$(basename "$1" .json)" -v rho="$2" -v bw="$3" -v w="$4" -v plain="$plain" '
       NR == 1 { next }
@@ -107,7 +110,7 @@ row() {  # profile rho bandwidth workers
       }'
 }
 export -f row
-export sim policies
+export sim policies extra
 
 rows=$(mktemp)
 trap 'rm -f "$rows"' EXIT

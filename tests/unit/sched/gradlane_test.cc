@@ -247,6 +247,52 @@ TEST(GradlanePolicyTest, SlicesOfABigTensorGoRoundRobinOverItsOwners) {
   EXPECT_EQ(peers, (std::vector<uint16_t>{1, 2, 3, 1, 2, 3}));
 }
 
+// A ring all-reduce host forwards chunks of one tensor to its one neighbour, each a hop of a
+// chain that waited for the hop before it: they go in the order they arrived, not in the
+// order of their offsets in the tensor (rule 2), while priority still orders the tensors.
+TEST(GradlanePolicyTest, RingHopsOfOneTensorGoInTheOrderTheyArrived) {
+  auto p = Make(1.25e9);
+  constexpr uint64_t kTensor = 8 << 20;  // two key partitions, four chunks of 2 MiB
+  constexpr uint64_t kChunk = 2 << 20;
+  auto hop = [&](uint32_t tensor, Priority priority, uint64_t chunk, Direction direction) {
+    ReadyRange r = Range(tensor, priority, 1, kTensor);
+    r.offset = chunk * kChunk;
+    r.length = kChunk;
+    r.direction = direction;
+    r.ring_hop = true;
+    return r;
+  };
+  // Chunk 3's reduce-scatter hop first, then chunk 0's all-gather, chunk 2's reduce-scatter,
+  // and last a more urgent tensor's hop.
+  p->OnReady(hop(5, 4, 3, Direction::kPush), 0);
+  p->OnReady(hop(5, 4, 0, Direction::kPull), 10);
+  p->OnReady(hop(5, 4, 2, Direction::kPush), 20);
+  p->OnReady(hop(6, 1, 1, Direction::kPush), 30);
+  ASSERT_LT(p->message_bytes(), kChunk / 2) << "several slices per chunk";
+  std::vector<std::pair<uint32_t, uint64_t>> order;  // (tensor, chunk) of each new chunk sent
+  Dispatch d;
+  while (p->NextDispatch(0, d)) {
+    for (const Segment& s : d.segments) {
+      const std::pair<uint32_t, uint64_t> at{KeyTensor(s.key), s.offset / kChunk};
+      if (order.empty() || order.back() != at) order.push_back(at);
+    }
+    p->OnAcked(d.bytes, 0);
+  }
+  const std::vector<std::pair<uint32_t, uint64_t>> want = {{6, 1}, {5, 3}, {5, 0}, {5, 2}};
+  EXPECT_EQ(order, want);
+
+  // The same ranges not marked as ring hops keep rule 2's order: by slice round, then offset.
+  auto ps = Make(1.25e9);
+  for (auto [chunk, direction] :
+       {std::pair{uint64_t{3}, Direction::kPush}, std::pair{uint64_t{2}, Direction::kPush}}) {
+    ReadyRange r = hop(5, 4, chunk, direction);
+    r.ring_hop = false;
+    ps->OnReady(r, 0);
+  }
+  ASSERT_TRUE(ps->NextDispatch(0, d));
+  EXPECT_EQ(d.segments[0].offset, 2 * kChunk) << "chunk 2 (partition 1's first slice) first";
+}
+
 // The daemon reduces and pulls a key partition once all of it has arrived, so round-robin over
 // every partition of a 400 MB tensor would complete none of them before the whole tensor is
 // through. Partitions go in groups of P + 1 (enough owners to spread over): within a group

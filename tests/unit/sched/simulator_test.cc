@@ -472,9 +472,11 @@ TEST(SimulatorTest, IdealBoundHoldsOnRandomSmallModels) {
     c.latency_ns = static_cast<TimeNs>(uniform(0, 50'000));
     c.aggregation_bytes_per_s = uniform(0, 1) ? 0 : 20e9;
     c.shard_partition_bytes = uniform(1, 8) << 19;
+    // Hosts that start one after another (as daemons do), in half the trials.
+    c.start_skew_ns = static_cast<TimeNs>(uniform(0, 1) * uniform(0, 2'000'000));
     SCOPED_TRACE(absl::StrCat("trial ", trial, ": W=", c.workers, " B=", c.bandwidth_bits_per_s,
-                              " θ=", c.overhead_ns, " latency=", c.latency_ns,
-                              " aggregation=", c.aggregation_bytes_per_s,
+                              " θ=", c.overhead_ns, " latency=", c.latency_ns, " start skew=",
+                              c.start_skew_ns, " aggregation=", c.aggregation_bytes_per_s,
                               " shard partition=", c.shard_partition_bytes, " ", json));
     absl::StatusOr<SimResult> ideal = SimulateIdeal(p, c);
     ASSERT_TRUE(ideal.ok()) << ideal.status();
@@ -743,6 +745,9 @@ TEST(SimulatorTest, InvalidConfigsAreRejected) {
   c = SmallConfig(1e9);
   c.shard_partition_bytes = 0;
   expect_invalid(c);
+  c = SmallConfig(1e9);
+  c.start_skew_ns = -1;
+  expect_invalid(c);
 
   // Inputs that would exhaust memory or overflow virtual time are refused, not attempted.
   const ModelProfile huge = Uniform(2, 1'000'000'000'000, 10, 10);
@@ -911,6 +916,40 @@ TEST(AllReduceSimTest, AnUrgentTensorsRingStepsOvertakeALessUrgentOnes) {
   EXPECT_LE(ideal->total_ns, prio->total_ns);
 }
 
+// A ring under gradlane's rules has two steady states where hosts forward their chunks in
+// the order of their offsets: in step, from an in-step start, and staggered around the ring
+// (each host starting its iteration up to a millisecond after its left neighbour), from any
+// other start — daemons never start in step — or after a few iterations of another schedule,
+// such as gradlane's trials (tiny, 3 Gbit/s, W = 8, ρ = 1: 66.5 ms in step, 76–78 ms staggered).
+// Forwarded in the order they arrived (ReadyRange::ring_hop), the hops pull the ring into step
+// from any start, and gradlane after its trials runs as fast as its rules from an in-step one.
+TEST(AllReduceSimTest, RingHopsInArrivalOrderPullAStaggeredRingIntoStep) {
+  ModelProfile p = ProfileNamed("tiny.json");
+  ASSERT_FALSE(p.layers.empty()) << "tests/data/models/tiny.json";
+  SimConfig c = AllReduce(SimConfig{});
+  c.workers = 8;
+  c.bandwidth_bits_per_s = 3e9;
+  c.warmup_iterations = kLatestChoiceIteration + 3;
+  ASSERT_TRUE(ScaleComputeToRho(p, c, 1.0));
+  const uint64_t unit = ShardUnitBytes(p, c);
+  auto run = [&](const char* name, TimeNs skew) {
+    SimConfig sc = c;
+    sc.start_skew_ns = skew;
+    absl::StatusOr<SimResult> r = Simulate(
+        p, sc, [&] { return MakePolicy(SimPolicyConfig(name, sc, unit)); }, name);
+    EXPECT_TRUE(r.ok()) << name << ": " << r.status();
+    return r.ok() ? r->mean_iteration_ns : 0.0;
+  };
+  const double in_step = run("gradlane-rules", 0);
+  ASSERT_GT(in_step, 0);
+  for (TimeNs skew : {100 * kMicrosecond, 1000 * kMicrosecond}) {
+    SCOPED_TRACE(absl::StrCat("hosts starting ", skew, " ns one after another"));
+    EXPECT_LE(run("gradlane-rules", skew), 1.02 * in_step);
+    EXPECT_LE(run("gradlane", skew), 1.02 * in_step);
+  }
+  EXPECT_LE(run("gradlane", 0), 1.02 * in_step) << "after the trials";
+}
+
 TEST(AllReduceSimTest, SameInputsGiveIdenticalResults) {
   const auto profiles = Profiles();
   const ModelProfile& p = profiles.back().second;
@@ -1011,10 +1050,12 @@ TEST(AllReduceSimTest, BoundHoldsOnRandomSmallModels) {
       for (int i = 0; i < layers; ++i) c.priorities.push_back(static_cast<Priority>(i));
       std::shuffle(c.priorities.begin(), c.priorities.end(), rng);
     }
+    c.start_skew_ns = static_cast<TimeNs>(uniform(0, 1) * uniform(0, 2'000'000));
     SCOPED_TRACE(absl::StrCat(
         "trial ", trial, ": W=", c.workers, " B=", c.bandwidth_bits_per_s, " θ=", c.overhead_ns,
-        " latency=", c.latency_ns, " aggregation=", c.aggregation_bytes_per_s,
-        " partition=", c.shard_partition_bytes, " priorities=", c.priorities.size(), " ", json));
+        " latency=", c.latency_ns, " start skew=", c.start_skew_ns,
+        " aggregation=", c.aggregation_bytes_per_s, " partition=", c.shard_partition_bytes,
+        " priorities=", c.priorities.size(), " ", json));
     absl::StatusOr<SimResult> ideal = SimulateIdeal(p, c);
     ASSERT_TRUE(ideal.ok()) << ideal.status();
     EXPECT_GE(ideal->total_ns, p.ComputeNs() * (c.warmup_iterations + c.measured_iterations));
