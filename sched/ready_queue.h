@@ -5,7 +5,7 @@
 // which makes every pop deterministic whatever the push order:
 //   1. iteration  (an older iteration's leftover first, whatever its priority: see below)
 //   2. priority   (smaller = more urgent; P3 / ByteScheduler priority = forward-consumption order)
-//   3. round      (0 unless a policy slices partitions: see Segment::round)
+//   3. round      (0 unless a policy slices partitions or counts arrivals: see Segment::round)
 //   4. key        (tensor, then partition: a tensor's partitions go front to back, which is the
 //                  order in which the next forward pass reads them)
 //   5. direction  (push before pull at equal key: a worker's own contribution unblocks the sum)

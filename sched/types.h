@@ -102,7 +102,8 @@ struct Segment {
   // the partitions of one tensor derives it from the slice's index within its partition, so
   // that slice j of several partitions (several shard owners, every pulling peer) goes before
   // slice j + 1 of any (gradlane: GradlaneSliceRound). 0 for policies that send partitions
-  // whole, which keeps their key order.
+  // whole, which keeps their key order. gradlane's rules give ring hops (ReadyRange::ring_hop)
+  // an arrival count instead, so that they go in the order they arrived.
   uint32_t round = 0;
 };
 

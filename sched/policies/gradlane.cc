@@ -155,6 +155,7 @@ void GradlanePolicy::OnObservedReady(const ReadyRange& range, TimeNs /*now*/) {
 
 void GradlanePolicy::OnReady(const ReadyRange& range, TimeNs now) {
   OnObservedReady(range, now);
+  if (queue_.empty()) ring_arrival_ = 0;
   const PartitionPlan plan =
       PartitionPlan::Make(range.tensor_bytes, range.dtype, key_partition_bytes_);
   const uint64_t slice = message_bytes_;

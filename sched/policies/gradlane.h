@@ -45,7 +45,7 @@
 //   leaves (tiny, 3 Gbit/s, W = 8, ρ = 1: 66.5 ms per iteration from an in-step start, 76–78
 //   ms from any other or after three iterations of another schedule; squeezenet1_1 at
 //   1 Gbit/s 83 against 95–100 ms). In arrival order each host forwards the chains as the
-//   classic ring does, and the ring falls into step from any start (67.1 and 83.3 ms).
+//   classic ring does, and the ring falls into step from any start (66.5–67.2 and 83.3 ms).
 //   docs/simulator.md, "ring hops in arrival order".
 // Rule 3, fusion (GradlaneTakeBlock). A dispatch is one message: the most urgent queued slice
 //   and, behind it, the next slices *for the same peer in priority order* while the block stays
@@ -240,8 +240,9 @@ class GradlanePolicy final : public Policy {
   uint64_t message_bytes_ = 0;   // δ
   std::vector<bool> peer_seen_;  // by peer rank (16 bits)
   uint32_t peers_ = 0;           // P: distinct peers this host has sent to
-  // Rule 2's ring hops: the next one's Segment::round. It wraps after 2^32 hops (a misordered
-  // pair of hops once per wrap, order only).
+  // Rule 2's ring hops: the next one's Segment::round, restarted whenever the queue is empty,
+  // so it only wraps with 2^32 hops queued at once (then newer hops would overtake older ones
+  // of their priority: order only, nothing lost).
   uint32_t ring_arrival_ = 0;
   uint64_t capacity_ = 0;
   uint64_t in_use_ = 0;  // charged bytes in flight

@@ -425,18 +425,22 @@ int main(int argc, char** argv) {
     };
     print(header);
     for (const auto& row : cells) print(row);
+    const std::string skew_note =
+        skew_us > 0 ? absl::StrFormat(", host w starting at w × %g µs", skew_us) : "";
     if (allreduce) {
       std::cout << absl::StrFormat(
           "\n%s, mode allreduce (ring), W=%d, %.3g Gbit/s, θ=%.0f µs, latency=%.0f µs, %d+%d "
-          "iterations; ideal = the all-reduce bound (%s)\n",
+          "iterations%s; ideal = the all-reduce bound (%s)\n",
           profile->model, config.workers, config.bandwidth_bits_per_s / 1e9, overhead_us,
-          latency_us, config.warmup_iterations, config.measured_iterations, ideal->variant);
+          latency_us, config.warmup_iterations, config.measured_iterations, skew_note,
+          ideal->variant);
     } else {
       std::cout << absl::StrFormat(
-          "\n%s, W=%d, %.3g Gbit/s, θ=%.0f µs, latency=%.0f µs, %d+%d iterations; ideal bound "
+          "\n%s, W=%d, %.3g Gbit/s, θ=%.0f µs, latency=%.0f µs, %d+%d iterations%s; ideal bound "
           "from the %s relaxation\n",
           profile->model, config.workers, config.bandwidth_bits_per_s / 1e9, overhead_us,
-          latency_us, config.warmup_iterations, config.measured_iterations, ideal->variant);
+          latency_us, config.warmup_iterations, config.measured_iterations, skew_note,
+          ideal->variant);
     }
   }
   if (absl::GetFlag(FLAGS_details)) {

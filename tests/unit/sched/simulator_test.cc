@@ -473,7 +473,8 @@ TEST(SimulatorTest, IdealBoundHoldsOnRandomSmallModels) {
     c.aggregation_bytes_per_s = uniform(0, 1) ? 0 : 20e9;
     c.shard_partition_bytes = uniform(1, 8) << 19;
     // Hosts that start one after another (as daemons do), in half the trials.
-    c.start_skew_ns = static_cast<TimeNs>(uniform(0, 1) * uniform(0, 2'000'000));
+    const uint64_t skewed = uniform(0, 1);  // (two draws, in this order: reproducible)
+    c.start_skew_ns = static_cast<TimeNs>(skewed * uniform(0, 2'000'000));
     SCOPED_TRACE(absl::StrCat("trial ", trial, ": W=", c.workers, " B=", c.bandwidth_bits_per_s,
                               " θ=", c.overhead_ns, " latency=", c.latency_ns, " start skew=",
                               c.start_skew_ns, " aggregation=", c.aggregation_bytes_per_s,
@@ -1050,7 +1051,8 @@ TEST(AllReduceSimTest, BoundHoldsOnRandomSmallModels) {
       for (int i = 0; i < layers; ++i) c.priorities.push_back(static_cast<Priority>(i));
       std::shuffle(c.priorities.begin(), c.priorities.end(), rng);
     }
-    c.start_skew_ns = static_cast<TimeNs>(uniform(0, 1) * uniform(0, 2'000'000));
+    const uint64_t skewed = uniform(0, 1);  // (two draws, in this order: reproducible)
+    c.start_skew_ns = static_cast<TimeNs>(skewed * uniform(0, 2'000'000));
     SCOPED_TRACE(absl::StrCat(
         "trial ", trial, ": W=", c.workers, " B=", c.bandwidth_bits_per_s, " θ=", c.overhead_ns,
         " latency=", c.latency_ns, " start skew=", c.start_skew_ns,
