@@ -425,23 +425,17 @@ int main(int argc, char** argv) {
     };
     print(header);
     for (const auto& row : cells) print(row);
+    // One footer for both modes: what differs is the mode's name and what the bound is.
     const std::string skew_note =
         skew_us > 0 ? absl::StrFormat(", host w starting at w × %g µs", skew_us) : "";
-    if (allreduce) {
-      std::cout << absl::StrFormat(
-          "\n%s, mode allreduce (ring), W=%d, %.3g Gbit/s, θ=%.0f µs, latency=%.0f µs, %d+%d "
-          "iterations%s; ideal = the all-reduce bound (%s)\n",
-          profile->model, config.workers, config.bandwidth_bits_per_s / 1e9, overhead_us,
-          latency_us, config.warmup_iterations, config.measured_iterations, skew_note,
-          ideal->variant);
-    } else {
-      std::cout << absl::StrFormat(
-          "\n%s, W=%d, %.3g Gbit/s, θ=%.0f µs, latency=%.0f µs, %d+%d iterations%s; ideal bound "
-          "from the %s relaxation\n",
-          profile->model, config.workers, config.bandwidth_bits_per_s / 1e9, overhead_us,
-          latency_us, config.warmup_iterations, config.measured_iterations, skew_note,
-          ideal->variant);
-    }
+    const std::string bound_note =
+        allreduce ? absl::StrCat("ideal = the all-reduce bound (", ideal->variant, ")")
+                  : absl::StrCat("ideal bound from the ", ideal->variant, " relaxation");
+    std::cout << absl::StrFormat(
+        "\n%s%s, W=%d, %.3g Gbit/s, θ=%.0f µs, latency=%.0f µs, %d+%d iterations%s; %s\n",
+        profile->model, allreduce ? ", mode allreduce (ring)" : "", config.workers,
+        config.bandwidth_bits_per_s / 1e9, overhead_us, latency_us, config.warmup_iterations,
+        config.measured_iterations, skew_note, bound_note);
   }
   if (absl::GetFlag(FLAGS_details)) {
     std::cout << "\n# per-iteration times (ms) and per-host traffic (MB per iteration)\n";

@@ -482,10 +482,11 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory, std::string_
   }
 
   for (int w = 0; w < w_; ++w) {
-    if (w == 0 || config_.start_skew_ns == 0) {
-      TryAdvance(w, 0);
+    const TimeNs start = w * config_.start_skew_ns;
+    if (start == 0) {
+      TryAdvance(w, 0);  // the same events, in the same order, as without the option
     } else {
-      Push(w * config_.start_skew_ns, EventType::kWorkerStart, w);
+      Push(start, EventType::kWorkerStart, w);
     }
   }
 
