@@ -49,6 +49,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   // a client that connected in the moment before (the ready line is not printed yet) has its
   // arena registered by the engine when its job starts, as before.
   engine->server_->SetRegistrar(engine->transport_->registrar());
+  engine->server_->SetDeviceMemory(engine->transport_->capabilities().device_memory);
   engine->hands_over_pieces_ = engine->transport_->capabilities().hands_over_pieces;
   auto port = engine->transport_->Listen_st();
   if (!port.ok()) {
@@ -161,6 +162,7 @@ void Engine::Housekeeping_st(TimeNs now) {
 // ---------------------------------------------------------------------------- job table ----
 
 JobRuntime* Engine::ActivateJob_st(Session& session, TimeNs now) {
+  session.MarkJobStarted_st();  // the job registers the session's GPU memory now, or never
   uint32_t slot = 0;
   while (slot < jobs_.size() && jobs_[slot] != nullptr) ++slot;
   if (slot >= kMaxJobs) return nullptr;

@@ -41,6 +41,10 @@
   X(arena_aliases, Gauge, "gradlane_arena_aliases", "", \
     "client arena aliases live jobs hold now (one per live job)") \
   X(tuner_trials, Counter, "gradlane_tuner_trials_total", "", \
-    "credit windows measured by the online tuner (bytescheduler with --autotune)")
+    "credit windows measured by the online tuner (bytescheduler with --autotune)") \
+  X(device_tensors, Counter, "gradlane_gpudirect_tensors_total", "result=registered", \
+    "device tensors whose pushes were sent straight from GPU memory (a dma-buf the NIC reads)") \
+  X(device_registrations_refused, Counter, "gradlane_gpudirect_tensors_total", "result=staged", \
+    "device tensors whose GPU memory the transport could not register: staged instead")
 
 #endif  // GRADLANE_DAEMON_ENGINE_COUNTERS_H_

@@ -98,6 +98,11 @@ struct JobTensor {
   uint64_t arena_offset = 0;  // in the session's arena
   sched::PartitionPlan plan = sched::PartitionPlan::Make(1, sched::DType::kF32, 0);
   uint32_t first_part = 0;  // index of partition 0 in JobPlan::parts
+  // GPUDirect (a parameter-server job's tensor whose GPU memory the client attached and the
+  // transport registered): pushes to other shards are sent from this region, at
+  // device_offset + the byte's offset in the tensor; kNoRegion: from the arena.
+  transport::RegionId device_region = transport::kNoRegion;
+  uint64_t device_offset = 0;
   // Posts of this tensor waiting for results (indices into WorkerRole's posts); usually one.
   std::vector<uint32_t> active_posts;
 };

@@ -12,6 +12,7 @@
 #include "daemon/log.h"
 #include "daemon/session_server.h"
 #include "sched/policies/gradlane_selector.h"
+#include "shm/ring.h"
 
 namespace gradlane::daemon {
 
@@ -154,6 +155,7 @@ JobError JobRuntime::SetUp_st(Session& session, TimeNs now) {
       transport.RegisterRegion_st(manifest_in_.data(), manifest_in_.size() * sizeof(ManifestBody));
   if (!mi.ok()) return {GL_E_NO_MEMORY, std::string(mi.status().message())};
   manifest_in_region_ = *mi;
+  if (!allreduce()) AttachDeviceMemory_st(session);
   worker_.SetUp_st();
   dispatches_.reserve(256);
   peers_.assign(plan_.world, JobPeer{});
@@ -270,6 +272,41 @@ void JobRuntime::RemoveFromTransport_st() {
   (void)host_.transport_st().RemoveJob_st(plan_.wire_id);
 }
 
+void JobRuntime::AttachDeviceMemory_st(const Session& session) {
+  transport::Transport& transport = host_.transport_st();
+  for (const DeviceAttachment& a : session.device_attachments_st()) {
+    if (a.tensor_id >= plan_.tensors.size()) continue;
+    JobTensor& t = plan_.tensors[a.tensor_id];
+    const uint32_t parts = t.plan.partition_count();
+    if (parts > a.map_bits || a.stage_map_offset + StageMapBytes(a.map_bits) > arena_bytes_) {
+      continue;  // cannot happen (a partition holds at least one element); staged if it did
+    }
+    absl::StatusOr<transport::RegionId> region =
+        transport.RegisterDeviceRegion_st(a.dmabuf.get(), a.dmabuf_bytes, a.device_address);
+    if (!region.ok()) {
+      // The client goes on staging every byte: slower, never wrong.
+      host_.counters_st().device_registrations_refused.Add_st(1);
+      LogLine(absl::StrCat("job ", id(), ": tensor '", t.name,
+                           "' is staged through shared memory: ", region.status().message()));
+      continue;
+    }
+    t.device_region = *region;
+    t.device_offset = a.dmabuf_offset;
+    host_.counters_st().device_tensors.Add_st(1);
+    // What the local shard reads with the CPU stays staged; the rest goes from GPU memory.
+    auto* map = reinterpret_cast<gl_stage_map*>(arena_ + a.stage_map_offset);
+    uint8_t* bits = arena_ + a.stage_map_offset + sizeof(gl_stage_map);
+    std::memset(bits, 0, (a.map_bits + 7) / 8);
+    for (uint32_t p = 0; p < parts; ++p) {
+      if (plan_.parts[t.first_part + p].owner == plan_.rank) bits[p / 8] |= uint8_t(1u << (p % 8));
+    }
+    map->num_partitions = parts;
+    map->partition_bytes = t.plan.partition_bytes();
+    map->map_bits = a.map_bits;
+    shm::Shared(map->ready).store(1, std::memory_order_release);
+  }
+}
+
 void JobRuntime::Release_st() {
   Fail_st(GL_E_DISCONNECTED, "released");
   // Every send from these regions was failed by Disconnect_st, so they can go.
@@ -277,6 +314,11 @@ void JobRuntime::Release_st() {
   for (transport::RegionId* r : {&arena_region_, &manifest_region_, &manifest_in_region_}) {
     if (*r != transport::kNoRegion) (void)transport.UnregisterRegion_st(*r);
     *r = transport::kNoRegion;
+  }
+  for (JobTensor& t : plan_.tensors) {
+    if (t.device_region != transport::kNoRegion)
+      (void)transport.UnregisterRegion_st(t.device_region);
+    t.device_region = transport::kNoRegion;
   }
   shard_.Release_st();
   ring_.Release_st();

@@ -123,6 +123,9 @@ class JobRuntime {
   // Fails the job if it has not, then gives back its regions, its transport job and the arena
   // alias. The engine destroys the runtime next.
   void Release_st();
+  // GPUDirect: registers the GPU memory the client attached to its tensors (parameter-server
+  // jobs) and publishes each tensor's stage map. A refusal leaves that tensor staged.
+  void AttachDeviceMemory_st(const Session& session);
   // Why iteration `iteration` can never complete once a rank has gone (`left_rank`; -1: this
   // rank's client if it left, else the first peer that said it leaves).
   std::string DepartureReason(int64_t iteration, int left_rank = -1) const;

@@ -97,8 +97,15 @@ bool JobRuntime::SendDispatch_st(uint32_t d, size_t from, TimeNs now) {
       ring_.SendSource(*p, seg, &spec.region, &spec.region_offset);
       spec.cookie = Cookie(seg.direction == sched::Direction::kPull ? kCookiePull : 0, d);
     } else if (seg.direction == sched::Direction::kPush) {
-      spec.region = arena_region_;
-      spec.region_offset = plan_.tensors[tid].arena_offset + seg.offset;
+      const JobTensor& t = plan_.tensors[tid];
+      if (t.device_region != transport::kNoRegion) {
+        // Straight from GPU memory: the client staged only what the local shard reads.
+        spec.region = t.device_region;
+        spec.region_offset = t.device_offset + seg.offset;
+      } else {
+        spec.region = arena_region_;
+        spec.region_offset = t.arena_offset + seg.offset;
+      }
       spec.cookie = Cookie(0, d);
     } else {
       spec.region = shard_.slab_region();

@@ -1,5 +1,6 @@
 #include "daemon/session.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string_view>
 #include <utility>
@@ -136,7 +137,13 @@ absl::Status Session::RefuseControl_st(uint64_t request_id, gl_status status,
   return Reply_st(GL_MSG_REPLY, request_id, status, why);
 }
 
-absl::Status Session::HandleControl_st(const void* message, size_t length) {
+uint32_t StageMapBits(uint64_t bytes, sched::DType dtype) {
+  const uint64_t elements = bytes / sched::DTypeBytes(dtype);
+  return static_cast<uint32_t>(std::min<uint64_t>(elements, sched::kMaxPartitions));
+}
+
+absl::Status Session::HandleControl_st(const void* message, size_t length,
+                                       std::span<shm::UniqueFd> fds, bool device_memory) {
   gl_msg_header h;
   if (length < sizeof(h)) {
     return Reply_st(GL_MSG_REPLY, 0, GL_E_PROTOCOL,
@@ -153,6 +160,8 @@ absl::Status Session::HandleControl_st(const void* message, size_t length) {
       return HandleRegisterJob_st(message, length, h.request_id);
     case GL_MSG_REGISTER_TENSOR:
       return HandleRegisterTensor_st(message, length, h.request_id);
+    case GL_MSG_ATTACH_DEVICE:
+      return HandleAttachDevice_st(message, length, h.request_id, fds, device_memory);
     case GL_MSG_HELLO:
       return Reply_st(GL_MSG_REPLY, h.request_id, GL_E_PROTOCOL, "session already established");
     default:
@@ -259,6 +268,67 @@ absl::Status Session::HandleRegisterTensor_st(const void* message, size_t length
   tensors_.push_back(std::move(t));
   const TensorInfo& r = tensors_.back();
   return Reply_st(GL_MSG_REPLY, request_id, GL_OK, "tensor registered", r.id, r.offset, r.bytes);
+}
+
+absl::Status Session::HandleAttachDevice_st(const void* message, size_t length, uint64_t request_id,
+                                            std::span<shm::UniqueFd> fds, bool device_memory) {
+  auto fail = [&](gl_status s, const std::string& why) {
+    return Reply_st(GL_MSG_REPLY, request_id, s, why);
+  };
+  gl_msg_attach_device m;
+  if (length != sizeof(m)) return fail(GL_E_PROTOCOL, "attach_device message has the wrong size");
+  std::memcpy(&m, message, sizeof(m));
+  size_t passed = 0;
+  for (const shm::UniqueFd& fd : fds) passed += fd.valid() ? 1 : 0;
+  if (passed != 1 || !fds[0].valid()) {
+    return fail(GL_E_PROTOCOL, absl::StrCat("attach_device carries ", passed,
+                                            " file descriptors (want the dma-buf's)"));
+  }
+  if (m.reserved != 0) return fail(GL_E_INVALID_ARGUMENT, "reserved field not zero");
+  if (m.tensor_id >= tensors_.size()) {
+    return fail(GL_E_BAD_TENSOR, absl::StrCat("attach_device: no tensor ", m.tensor_id));
+  }
+  const TensorInfo& t = tensors_[m.tensor_id];
+  for (const DeviceAttachment& a : attachments_) {
+    if (a.tensor_id == m.tensor_id) {
+      return fail(GL_E_ALREADY_EXISTS, absl::StrCat("tensor '", t.name, "' already attached"));
+    }
+  }
+  if (job_started_) {
+    return fail(GL_E_PROTOCOL, absl::StrCat("tensor '", t.name,
+                                            "': attach before the job's first post (its "
+                                            "regions are fixed then)"));
+  }
+  if (m.dmabuf_bytes == 0 || m.device_address == 0 || m.dmabuf_offset > m.dmabuf_bytes ||
+      t.bytes > m.dmabuf_bytes - m.dmabuf_offset) {
+    return fail(GL_E_INVALID_ARGUMENT,
+                absl::StrCat("tensor '", t.name, "' (", t.bytes, " bytes at ", m.dmabuf_offset,
+                             ") does not lie in its dma-buf of ", m.dmabuf_bytes, " bytes"));
+  }
+  if (!device_memory) {
+    // Not an error of the client's: it stages the tensor through the arena, as without GPUDirect.
+    return fail(GL_E_DEVICE,
+                "this daemon's backend cannot send from GPU memory (verbs can): "
+                "the tensor is staged through shared memory");
+  }
+  DeviceAttachment a;
+  a.tensor_id = m.tensor_id;
+  a.map_bits = StageMapBits(t.bytes, t.dtype);
+  auto off = allocator_.Allocate(StageMapBytes(a.map_bits));
+  if (!off.ok()) return fail(GL_E_NO_MEMORY, std::string(off.status().message()));
+  // Not ready: the client stages every byte until the job publishes the map.
+  std::memset(arena_.base() + *off, 0, StageMapBytes(a.map_bits));
+  auto* map = reinterpret_cast<gl_stage_map*>(arena_.base() + *off);
+  map->map_bits = a.map_bits;
+  a.stage_map_offset = *off;
+  a.dmabuf = std::move(fds[0]);
+  a.dmabuf_offset = m.dmabuf_offset;
+  a.dmabuf_bytes = m.dmabuf_bytes;
+  a.device_address = m.device_address;
+  attachments_.push_back(std::move(a));
+  return Reply_st(GL_MSG_REPLY, request_id, GL_OK,
+                  "GPU memory attached: sent from there once the job starts",
+                  attachments_.back().stage_map_offset);
 }
 
 bool Session::RingHeadersIntact_st() const {

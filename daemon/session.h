@@ -26,6 +26,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,6 +78,24 @@ struct TensorInfo {
   // bytes already posted or would need more than kMaxPostedRanges disjoint ranges.
   bool RecordPosted(uint64_t begin, uint64_t end);
 };
+
+// GPUDirect: the GPU memory behind a device tensor, as the client exported it
+// (GL_MSG_ATTACH_DEVICE). The job registers it with the NIC when it starts and publishes the
+// tensor's stage map at `stage_map_offset` in the arena.
+struct DeviceAttachment {
+  uint32_t tensor_id = 0;
+  shm::UniqueFd dmabuf;
+  uint64_t dmabuf_offset = 0;  // the tensor's first byte in the dma-buf
+  uint64_t dmabuf_bytes = 0;
+  uint64_t device_address = 0;  // the dma-buf's first byte in the client's GPU address space
+  uint64_t stage_map_offset = 0;
+  uint32_t map_bits = 0;  // the partitions the map can describe
+};
+
+// The stage map of a tensor of `bytes` bytes of `dtype`: room for one bit per partition at the
+// finest cut the engine can make (one element each), at most sched::kMaxPartitions.
+uint32_t StageMapBits(uint64_t bytes, sched::DType dtype);
+inline uint64_t StageMapBytes(uint32_t bits) { return sizeof(gl_stage_map) + (bits + 7) / 8; }
 
 // A submission that passed validation, as the engine receives it.
 struct PostDescriptor {
@@ -134,7 +153,10 @@ class Session {
 
   // Handles one control message received on the socket (anything after the hello) and sends
   // the reply. Returns an error only if the socket failed (the session should be closed).
-  absl::Status HandleControl_st(const void* message, size_t length);
+  // `fds`: those that came with it (a GL_MSG_ATTACH_DEVICE takes its one; any other message's
+  // are closed). `device_memory`: the transport can send from GPU memory.
+  absl::Status HandleControl_st(const void* message, size_t length,
+                                std::span<shm::UniqueFd> fds = {}, bool device_memory = false);
 
   // Takes up to `budget` submissions. Valid ones go to `sink`; bad ones get an error
   // completion. Returns how many were taken; `*corrupt` is set when the client broke its ring.
@@ -175,6 +197,9 @@ class Session {
   // What the control and data paths change: engine thread.
   const JobInfo* job_st() const { return job_ ? job_.get() : nullptr; }
   const std::vector<TensorInfo>& tensors_st() const { return tensors_; }
+  const std::vector<DeviceAttachment>& device_attachments_st() const { return attachments_; }
+  // The job's first post activated it: its regions are fixed, a later attach is refused.
+  void MarkJobStarted_st() { job_started_ = true; }
   const SessionCounters& counters_st() const { return counters_; }
   uint64_t tensor_bytes_in_use_st() const { return allocator_.bytes_in_use(); }
   uint32_t reserved_completions_st() const { return reserved_; }
@@ -193,6 +218,8 @@ class Session {
                         const std::string& msg, uint64_t v0 = 0, uint64_t v1 = 0, uint64_t v2 = 0);
   absl::Status HandleRegisterJob_st(const void* message, size_t length, uint64_t request_id);
   absl::Status HandleRegisterTensor_st(const void* message, size_t length, uint64_t request_id);
+  absl::Status HandleAttachDevice_st(const void* message, size_t length, uint64_t request_id,
+                                     std::span<shm::UniqueFd> fds, bool device_memory);
   bool RingHeadersIntact_st() const;
 
   const uint64_t id_;
@@ -217,6 +244,8 @@ class Session {
   std::unique_ptr<JobInfo> job_;
   std::vector<TensorInfo> tensors_;
   absl::flat_hash_map<std::string, uint32_t> tensor_by_name_;
+  std::vector<DeviceAttachment> attachments_;
+  bool job_started_ = false;
   SessionCounters counters_;
 };
 

@@ -193,6 +193,10 @@ void SessionServer::SetRegistrar(transport::MemoryRegistrar* registrar) {
   registrar_.store(registrar, std::memory_order_release);
 }
 
+void SessionServer::SetDeviceMemory(bool supported) {
+  device_memory_.store(supported, std::memory_order_release);
+}
+
 void SessionServer::Retire(std::shared_ptr<ArenaAlias> alias) {
   if (alias == nullptr) return;
   {
@@ -634,7 +638,9 @@ void SessionServer::HandleSessionSocket_st(uint64_t session_id, uint32_t events)
       CloseSession_st(session_id, GL_E_DISCONNECTED, "client closed the socket");
       return;
     }
-    if (!s->HandleControl_st(rx_buf_.data(), rx->bytes).ok()) {
+    if (!s->HandleControl_st(rx_buf_.data(), rx->bytes, std::span(stray.data(), rx->num_fds),
+                             device_memory_.load(std::memory_order_acquire))
+             .ok()) {
       ++totals_.clients_died;
       CloseSession_st(session_id, GL_E_IO, "reply failed");
       return;

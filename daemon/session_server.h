@@ -165,6 +165,9 @@ class SessionServer {
   // with which the acceptor thread registers each new session's arena alias. It must outlive
   // the server. Null (the default): nothing to register.
   void SetRegistrar(transport::MemoryRegistrar* registrar);
+  // Whether the transport sends from GPU memory (TransportCapabilities::device_memory): a
+  // client's GL_MSG_ATTACH_DEVICE is refused at once where it cannot.
+  void SetDeviceMemory(bool supported);
   // Any thread: drops `alias` on the acceptor thread (the engine's last reference to an arena:
   // its deregistration and unmapping stay off the data path). After the server is destroyed,
   // nobody may call it.
@@ -247,6 +250,7 @@ class SessionServer {
   std::vector<std::shared_ptr<ArenaAlias>> retired_ ABSL_GUARDED_BY(retire_mu_);
   shm::UniqueFd retire_fd_;  // eventfd in acceptor_epoll_: aliases wait in retired_
   std::atomic<transport::MemoryRegistrar*> registrar_{nullptr};
+  std::atomic<bool> device_memory_{false};
   // Counters shared without a lock (atomics, relaxed: each is a count of its own; Stats() reads
   // them from any thread). live_sessions_: raised by the acceptor (a session handed off),
   // lowered by the engine thread (a session closed), checked by the acceptor against

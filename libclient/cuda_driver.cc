@@ -58,6 +58,8 @@ GRADLANE_CHECK_CUDA_TYPE(MemFree, cuMemFree)
 GRADLANE_CHECK_CUDA_TYPE(MemcpyHtoD, cuMemcpyHtoD_v2)
 GRADLANE_CHECK_CUDA_TYPE(MemcpyDtoH, cuMemcpyDtoH_v2)
 GRADLANE_CHECK_CUDA_TYPE(CtxSynchronize, cuCtxSynchronize)
+GRADLANE_CHECK_CUDA_TYPE(DeviceGetAttribute, cuDeviceGetAttribute)
+GRADLANE_CHECK_CUDA_TYPE(MemGetHandleForAddressRange, cuMemGetHandleForAddressRange)
 #undef GRADLANE_CHECK_CUDA_TYPE
 #endif
 
@@ -101,6 +103,14 @@ absl::StatusOr<const CudaDriver*> Load(const std::string& path) {
   Bind(lib, "cuMemcpyHtoD_v2", &d->MemcpyHtoD, &missing);
   Bind(lib, "cuMemcpyDtoH_v2", &d->MemcpyDtoH, &missing);
   Bind(lib, "cuCtxSynchronize", &d->CtxSynchronize, &missing);
+  if (missing.empty()) {  // optional: without them, device tensors are staged
+    std::string optional;
+    if (!Bind(lib, "cuDeviceGetAttribute", &d->DeviceGetAttribute, &optional) ||
+        !Bind(lib, "cuMemGetHandleForAddressRange", &d->MemGetHandleForAddressRange, &optional)) {
+      d->DeviceGetAttribute = nullptr;
+      d->MemGetHandleForAddressRange = nullptr;
+    }
+  }
   if (!missing.empty()) {
     ::dlclose(lib);
     return absl::FailedPreconditionError(

@@ -40,6 +40,11 @@ using Context = CUcontext;
 using Stream = CUstream;
 using Event = CUevent;
 using PointerAttribute = CUpointer_attribute;
+using DeviceAttribute = CUdevice_attribute;
+using RangeHandleType = CUmemRangeHandleType;
+inline constexpr DeviceAttribute kDeviceDmaBufSupported = CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED;
+inline constexpr RangeHandleType kRangeHandleDmaBufFd = CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD;
+inline constexpr PointerAttribute kPointerDeviceOrdinal = CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL;
 inline constexpr Result kSuccess = CUDA_SUCCESS;
 inline constexpr Result kErrorNotReady = CUDA_ERROR_NOT_READY;
 inline constexpr Result kErrorInvalidValue = CUDA_ERROR_INVALID_VALUE;
@@ -61,6 +66,11 @@ using Context = struct CUctx_st*;
 using Stream = struct CUstream_st*;
 using Event = struct CUevent_st*;
 using PointerAttribute = int;
+using DeviceAttribute = int;
+using RangeHandleType = int;
+inline constexpr DeviceAttribute kDeviceDmaBufSupported = 124;
+inline constexpr RangeHandleType kRangeHandleDmaBufFd = 1;
+inline constexpr PointerAttribute kPointerDeviceOrdinal = 9;
 inline constexpr Result kSuccess = 0;
 inline constexpr Result kErrorNotReady = 600;
 inline constexpr Result kErrorInvalidValue = 1;
@@ -111,6 +121,13 @@ struct CudaDriver {
   cu::Result (*MemcpyHtoD)(cu::DevicePtr dst, const void* src, size_t bytes);
   cu::Result (*MemcpyDtoH)(void* dst, cu::DevicePtr src, size_t bytes);
   cu::Result (*CtxSynchronize)();
+
+  // GPUDirect (CUDA 11.7 and later drivers): null where the driver lacks them, and then every
+  // device tensor is staged. cuMemGetHandleForAddressRange exports GPU memory as a dma-buf fd.
+  cu::Result (*DeviceGetAttribute)(int* value, cu::DeviceAttribute, cu::Device) = nullptr;
+  cu::Result (*MemGetHandleForAddressRange)(void* handle, cu::DevicePtr, size_t bytes,
+                                            cu::RangeHandleType,
+                                            unsigned long long flags) = nullptr;
 
   // "CUDA error 700 (an illegal memory access was encountered)".
   std::string Describe(cu::Result r) const;

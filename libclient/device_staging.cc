@@ -2,6 +2,7 @@
 #include "libclient/device_staging.h"
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -107,6 +108,55 @@ void DeviceStaging::Add(uint32_t id, cu::DevicePtr device, std::byte* staging, u
   tensors_[id] = Tensor{device, staging, bytes};
 }
 
+bool DeviceStaging::IsDirect(uint32_t id) const {
+  if (id >= tensors_.size() || tensors_[id].map == nullptr) return false;
+  auto& ready = const_cast<uint32_t&>(tensors_[id].map->ready);
+  return std::atomic_ref<uint32_t>(ready).load(std::memory_order_acquire) == 1;
+}
+
+template <typename Fn>
+void DeviceStaging::ForEachStagedPiece(const Tensor& t, uint64_t offset, uint64_t length, Fn&& fn) {
+  // The map is the daemon's, in shared memory: read once it says ready, and trusted only as far
+  // as it keeps the copies inside the tensor (a broken map makes us stage all or too little of
+  // our own data, never touch anything else).
+  const gl_stage_map* m = t.map;
+  bool direct =
+      m != nullptr &&
+      std::atomic_ref<uint32_t>(const_cast<uint32_t&>(m->ready)).load(std::memory_order_acquire) ==
+          1;
+  uint64_t part = 0;
+  uint32_t parts = 0;
+  if (direct) {
+    part = m->partition_bytes;
+    parts = m->num_partitions;
+    direct = part > 0 && parts <= t.map_bits && (t.bytes + part - 1) / part == parts;
+  }
+  if (!direct) {
+    fn(offset, length);
+    staged_bytes_ += length;
+    return;
+  }
+  const auto* bits = reinterpret_cast<const uint8_t*>(m) + sizeof(gl_stage_map);
+  const uint64_t end = offset + length;
+  uint64_t run_begin = 0, run_end = 0;  // the current run of staged bytes
+  for (uint64_t p = offset / part; p < parts && p * part < end; ++p) {
+    const uint64_t b = std::max(offset, p * part), e = std::min(end, (p + 1) * part);
+    if ((bits[p / 8] >> (p % 8) & 1) == 0) {
+      direct_bytes_ += e - b;
+      continue;
+    }
+    if (run_end == b && run_end != run_begin) {
+      run_end = e;
+    } else {
+      if (run_end != run_begin) fn(run_begin, run_end - run_begin);
+      run_begin = b;
+      run_end = e;
+    }
+    staged_bytes_ += e - b;
+  }
+  if (run_end != run_begin) fn(run_begin, run_end - run_begin);
+}
+
 absl::Status DeviceStaging::StageIn(uint32_t id, uint64_t offset, uint64_t length,
                                     cu::Event after) {
   const Tensor& t = tensors_[id];
@@ -130,7 +180,15 @@ absl::Status DeviceStaging::StageIn(uint32_t id, uint64_t offset, uint64_t lengt
   // A range the daemon will refuse is not copied (its completion says why); the event is
   // still waited for, so the call's timing does not depend on the range.
   const bool in_range = length != 0 && offset <= t.bytes && length <= t.bytes - offset;
-  if (in_range) r = cuda_.MemcpyDtoHAsync(t.staging + offset, t.device + offset, length, stream);
+  if (in_range) {
+    ForEachStagedPiece(t, offset, length, [&](uint64_t begin, uint64_t bytes) {
+      if (r == cu::kSuccess) {
+        r = cuda_.MemcpyDtoHAsync(t.staging + begin, t.device + begin, bytes, stream);
+      }
+    });
+  }
+  // Also with nothing to copy (GPUDirect): the NIC reads the bytes once the post is in, so the
+  // work that computes them must be finished first.
   if (r == cu::kSuccess) r = cuda_.StreamSynchronize(stream);
   if (r != cu::kSuccess) {
     return absl::InternalError(absl::StrCat(in_range ? "copying " : "waiting to copy ", length,

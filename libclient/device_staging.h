@@ -80,6 +80,20 @@ class DeviceStaging {
   // Control: tensor `id`'s data lives at `device`; `staging` is its buffer in the arena.
   void Add(uint32_t id, cu::DevicePtr device, std::byte* staging, uint64_t bytes);
   bool IsDevice(uint32_t id) const { return id < tensors_.size() && tensors_[id].bytes > 0; }
+  // Control, GPUDirect: the daemon sends tensor `id`'s pushes from GPU memory once `map`
+  // (in the arena, `map_bits` bits of room) says ready; StageIn then copies only the
+  // partitions it marks.
+  void SetStageMap(uint32_t id, const gl_stage_map* map, uint32_t map_bits) {
+    if (id < tensors_.size()) {
+      tensors_[id].map = map;
+      tensors_[id].map_bits = map_bits;
+    }
+  }
+  // The daemon has published the tensor's map (any thread).
+  bool IsDirect(uint32_t id) const;
+  // Bytes StageIn copied, and bytes it left to the NIC to read from GPU memory (poster's).
+  uint64_t staged_bytes() const { return staged_bytes_; }
+  uint64_t direct_bytes() const { return direct_bytes_; }
 
   // Poster: copies bytes [offset, offset + length) of device tensor `id` into its staging
   // buffer and waits for the copy. A range outside the tensor is left alone (the daemon refuses
@@ -107,6 +121,8 @@ class DeviceStaging {
     cu::DevicePtr device = 0;
     std::byte* staging = nullptr;
     uint64_t bytes = 0;
+    const gl_stage_map* map = nullptr;  // GPUDirect: what to stage, once ready
+    uint32_t map_bits = 0;
   };
   struct Slot {
     gl_cqe cqe{};
@@ -119,6 +135,10 @@ class DeviceStaging {
 
   DeviceStaging(const CudaDriver& cuda, cu::Context context) : cuda_(cuda), context_(context) {}
   void FailSlot(Slot& s, const std::string& why);
+  // Calls fn(begin, bytes) for each run of [offset, offset + length) that must be in the arena:
+  // all of it, or with a ready stage map only the partitions it marks.
+  template <typename Fn>
+  void ForEachStagedPiece(const Tensor& t, uint64_t offset, uint64_t length, Fn&& fn);
 
   const CudaDriver& cuda_;
   cu::Context context_;
@@ -131,6 +151,7 @@ class DeviceStaging {
   std::vector<Slot> slots_;                    // FIFO of completions held for their copies
   size_t head_ = 0, count_ = 0;
   std::string last_error_;
+  uint64_t staged_bytes_ = 0, direct_bytes_ = 0;
 };
 
 }  // namespace gradlane::client

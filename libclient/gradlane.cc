@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,10 @@ struct gl_client {
   // Declared after `arena`, so it is destroyed first: it unpins the arena and waits for its
   // copies before the mapping goes.
   std::unique_ptr<DeviceStaging> staging;
+  // GPUDirect: why the last device tensor is staged whole ("" if it was attached), and whether
+  // the device can export dma-bufs at all (-1: not probed yet).
+  std::string gpudirect_note;
+  int dmabuf_supported = -1;
 };
 
 namespace {
@@ -164,9 +169,10 @@ int ReadSocketEvent(gl_client* c) {
   }
 }
 
-int Request(gl_client* c, const void* msg, uint32_t len, uint64_t request_id, gl_reply* reply) {
+int Request(gl_client* c, const void* msg, uint32_t len, uint64_t request_id, gl_reply* reply,
+            std::span<const int> fds = {}) {
   if (c->disconnected.load(std::memory_order_acquire)) return FailDisconnected(c);
-  if (absl::Status s = gradlane::shm::SendMessage(c->socket.get(), msg, len); !s.ok()) {
+  if (absl::Status s = gradlane::shm::SendMessage(c->socket.get(), msg, len, fds); !s.ok()) {
     return Disconnect(c, GL_E_DISCONNECTED, std::string(s.message()));
   }
   const int64_t deadline = NowNs() + int64_t{c->timeout_ms} * 1'000'000;
@@ -424,6 +430,97 @@ int gl_register_tensor(gl_client* c, const char* name, uint64_t bytes, int dtype
   return GL_OK;
 }
 
+namespace {
+
+// GPUDirect: exports the GPU memory holding device tensor `id` as a dma-buf and offers it to
+// the daemon, which then sends the tensor's pushes to other hosts straight from there. Anything
+// that refuses (an old driver, a GPU without dma-buf, GRADLANE_GPUDIRECT=0, a daemon whose
+// backend cannot, an older daemon) leaves the tensor staged as before; the reason is kept in
+// gpudirect_note. Returns a status only when the session itself failed.
+int OfferDeviceMemory(gl_client* c, const gradlane::client::CudaDriver& cuda, uint32_t id,
+                      gradlane::client::cu::DevicePtr device,
+                      const gradlane::client::DevicePointerInfo& where) {
+  namespace cu = gradlane::client::cu;
+  c->gpudirect_note.clear();
+  if (const char* off = std::getenv("GRADLANE_GPUDIRECT");
+      off != nullptr && std::strcmp(off, "0") == 0) {
+    c->gpudirect_note = "GRADLANE_GPUDIRECT=0";
+    return GL_OK;
+  }
+  if (cuda.MemGetHandleForAddressRange == nullptr) {
+    c->gpudirect_note = "the CUDA driver cannot export dma-bufs (cuMemGetHandleForAddressRange)";
+    return GL_OK;
+  }
+  if (cuda.CtxPushCurrent(where.context) != cu::kSuccess) {
+    c->gpudirect_note = "cannot make the tensor's CUDA context current";
+    return GL_OK;
+  }
+  if (c->dmabuf_supported < 0) {  // probed once per client, as NCCL does per process
+    int ordinal = -1, supported = 0;
+    cu::Device dev{};
+    c->dmabuf_supported =
+        cuda.PointerGetAttribute(&ordinal, cu::kPointerDeviceOrdinal, device) == cu::kSuccess &&
+                cuda.DeviceGet(&dev, ordinal) == cu::kSuccess &&
+                cuda.DeviceGetAttribute(&supported, cu::kDeviceDmaBufSupported, dev) ==
+                    cu::kSuccess &&
+                supported == 1
+            ? 1
+            : 0;
+  }
+  int fd = -1;
+  uint64_t start = 0, end = 0;
+  cu::Result r = cu::kSuccess;
+  if (c->dmabuf_supported == 1) {
+    // Page-aligned, as the driver requires: the allocation's pages, which hold the tensor.
+    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    start = where.range_start / page * page;
+    end = (where.range_start + where.range_bytes + page - 1) / page * page;
+    r = cuda.MemGetHandleForAddressRange(&fd, static_cast<cu::DevicePtr>(start), end - start,
+                                         cu::kRangeHandleDmaBufFd, 0);
+  }
+  cu::Context popped = nullptr;
+  (void)cuda.CtxPopCurrent(&popped);
+  if (c->dmabuf_supported != 1) {
+    c->gpudirect_note = "the GPU does not support dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)";
+    return GL_OK;
+  }
+  if (r != cu::kSuccess || fd < 0) {
+    c->gpudirect_note = "exporting the tensor's GPU memory as a dma-buf: " + cuda.Describe(r);
+    return GL_OK;
+  }
+  UniqueFd dmabuf(fd);  // the daemon takes its own reference with the message
+  gl_msg_attach_device m{};
+  m.header.type = GL_MSG_ATTACH_DEVICE;
+  m.header.length = sizeof(m);
+  m.header.request_id = c->next_request++;
+  m.tensor_id = id;
+  m.dmabuf_offset = device - start;
+  m.dmabuf_bytes = end - start;
+  m.device_address = start;
+  gl_reply reply{};
+  const int one[1] = {dmabuf.get()};
+  const int s = Request(c, &m, sizeof(m), m.header.request_id, &reply, one);
+  if (c->disconnected.load(std::memory_order_acquire)) return s;
+  if (s != GL_OK) {
+    // Refused (a backend without GPUDirect, or a daemon that predates it): staged, no error.
+    c->gpudirect_note = t_error;
+    if (t_error_client == c) t_error.clear();
+    return GL_OK;
+  }
+  const auto* map =
+      static_cast<const gl_stage_map*>(c->arena.At(reply.value0, sizeof(gl_stage_map)));
+  const uint32_t bits = map != nullptr ? map->map_bits : 0;
+  if (map == nullptr ||
+      c->arena.At(reply.value0, sizeof(gl_stage_map) + (bits + 7) / 8) == nullptr) {
+    c->gpudirect_note = "the daemon placed the stage map outside the arena";
+    return GL_OK;
+  }
+  c->staging->SetStageMap(id, map, bits);
+  return GL_OK;
+}
+
+}  // namespace
+
 int gl_register_device_tensor(gl_client* c, const char* name, void* device_ptr, uint64_t bytes,
                               int dtype, int32_t priority, uint32_t* tensor_id) {
   if (c == nullptr || name == nullptr || device_ptr == nullptr || tensor_id == nullptr) {
@@ -448,7 +545,7 @@ int gl_register_device_tensor(gl_client* c, const char* name, void* device_ptr, 
   const int s = gl_register_tensor(c, name, bytes, dtype, priority, tensor_id, &buffer);
   if (s != GL_OK) return s;
   c->staging->Add(*tensor_id, device, static_cast<std::byte*>(buffer), bytes);
-  return GL_OK;
+  return OfferDeviceMemory(c, **cuda, *tensor_id, device, *where);
 }
 
 int gl_post(gl_client* c, uint32_t tensor_id, int64_t iteration, uint64_t offset, uint64_t length,
@@ -515,6 +612,15 @@ int gl_testing_control(gl_client* c, const void* msg, uint32_t len, uint64_t req
 }
 
 int gl_testing_socket_fd(gl_client* c) { return c == nullptr ? -1 : c->socket.get(); }
+
+int gl_testing_gpudirect(gl_client* c, uint32_t tensor_id, uint64_t* staged_bytes,
+                         uint64_t* direct_bytes, const char** note) {
+  if (c == nullptr) return -1;
+  if (staged_bytes != nullptr) *staged_bytes = c->staging ? c->staging->staged_bytes() : 0;
+  if (direct_bytes != nullptr) *direct_bytes = c->staging ? c->staging->direct_bytes() : 0;
+  if (note != nullptr) *note = c->gpudirect_note.c_str();
+  return c->staging != nullptr && c->staging->IsDirect(tensor_id) ? 1 : 0;
+}
 
 int gl_poll(gl_client* c, gl_completion* out, uint32_t max, uint32_t* count) {
   if (c == nullptr || count == nullptr || (out == nullptr && max > 0)) return GL_E_INVALID_ARGUMENT;

@@ -21,6 +21,13 @@ int gl_testing_control(gl_client* c, const void* msg, uint32_t len, uint64_t req
  * never would (e.g. more file descriptors than a message may carry). */
 int gl_testing_socket_fd(gl_client* c);
 
+/* GPUDirect: 1 when the daemon sends device tensor `tensor_id`'s pushes from GPU memory (its
+ * stage map is published), 0 when it is staged whole, -1 for a NULL client. The bytes gl_post
+ * copied into the arena and those it left to the NIC, over all device tensors; why the last
+ * device tensor registered is staged whole ("" if it was attached). */
+int gl_testing_gpudirect(gl_client* c, uint32_t tensor_id, uint64_t* staged_bytes,
+                         uint64_t* direct_bytes, const char** note);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -91,7 +91,8 @@ typedef enum gl_msg_type {
   GL_MSG_REGISTER_JOB = 3,    /* client -> daemon: gl_msg_register_job + peer addresses */
   GL_MSG_REGISTER_TENSOR = 4, /* client -> daemon: gl_msg_register_tensor */
   GL_MSG_REPLY = 5,           /* daemon -> client: gl_reply to a request */
-  GL_MSG_GOODBYE = 6          /* daemon -> client: gl_reply, unsolicited, before closing */
+  GL_MSG_GOODBYE = 6,         /* daemon -> client: gl_reply, unsolicited, before closing */
+  GL_MSG_ATTACH_DEVICE = 7    /* client -> daemon: gl_msg_attach_device + one fd (a dma-buf) */
 } gl_msg_type;
 
 /* Every control message starts with this. `length` is the whole message in bytes;
@@ -153,7 +154,24 @@ typedef struct gl_msg_register_tensor {
   uint8_t reserved[3];
 } gl_msg_register_tensor;
 
-/* Generic reply. For GL_MSG_REGISTER_TENSOR: value0 = tensor id, value1 = buffer offset in
+/* GPUDirect: the GPU memory behind a registered device tensor, exported by the client as a
+ * dma-buf whose fd comes with this message (SCM_RIGHTS). The daemon registers it with its NIC
+ * (verbs backends only) when the job starts and then reads the tensor's pushes to other hosts
+ * straight from GPU memory; what the CPU must read stays staged in the arena, as the tensor's
+ * gl_stage_map says. Sent after GL_MSG_REGISTER_TENSOR and before the job's first post.
+ * Added within ABI 2: a daemon that predates it answers GL_E_PROTOCOL ("unknown control
+ * message type 7") and the client stages everything, as before. */
+typedef struct gl_msg_attach_device {
+  gl_msg_header header;
+  uint32_t tensor_id;
+  uint32_t reserved;       /* must be 0 */
+  uint64_t dmabuf_offset;  /* the tensor's first byte within the dma-buf */
+  uint64_t dmabuf_bytes;   /* the dma-buf's length (what is registered) */
+  uint64_t device_address; /* the dma-buf's first byte in the client's GPU address space */
+} gl_msg_attach_device;
+
+/* Generic reply. For GL_MSG_ATTACH_DEVICE: value0 = the offset in the arena of the tensor's
+ * gl_stage_map. For GL_MSG_REGISTER_TENSOR: value0 = tensor id, value1 = buffer offset in
  * the arena, value2 = bytes. For GL_MSG_REGISTER_JOB: all values 0. */
 typedef struct gl_reply {
   gl_msg_header header;
@@ -201,6 +219,23 @@ typedef struct gl_ring_header {
   uint32_t armed; /* consumer: 1 = about to sleep / asleep on the doorbell, ring it */
   uint8_t pad3[GL_CACHE_LINE - 4];
 } gl_ring_header;
+
+/* Which partitions of an attached device tensor the client must still copy into its staging
+ * buffer before posting: those this host's own shard reads with the CPU. Written by the daemon
+ * once the job's key map is fixed (its first post), then `ready` is set to 1 with release
+ * semantics and nothing changes again. While `ready` is 0 the client stages every byte (the
+ * daemon reads device memory only where a bit is clear, and staged bytes are equal to device
+ * bytes, so staging more than needed is always correct). Partition p is
+ * [p * partition_bytes, min((p + 1) * partition_bytes, tensor bytes)); bit p of `staged`
+ * (byte p / 8, bit p % 8) set means "copy it". `staged` holds `map_bits` bits. */
+typedef struct gl_stage_map {
+  uint32_t ready;
+  uint32_t num_partitions;
+  uint64_t partition_bytes;
+  uint32_t map_bits; /* capacity of `staged`, fixed at the attach */
+  uint32_t reserved;
+  /* followed by `staged`: ceil(map_bits / 8) bytes */
+} gl_stage_map;
 
 typedef enum gl_opcode {
   GL_OP_POST = 1 /* bytes [offset, offset+length) of the tensor are ready for `iteration` */
@@ -259,6 +294,11 @@ GL_STATIC_ASSERT(offsetof(gl_msg_register_job, num_peers) == 248, "gl_msg_regist
 GL_STATIC_ASSERT(sizeof(gl_msg_register_tensor) == 160, "gl_msg_register_tensor layout");
 GL_STATIC_ASSERT(offsetof(gl_msg_register_tensor, bytes) == 144, "gl_msg_register_tensor layout");
 GL_STATIC_ASSERT(offsetof(gl_msg_register_tensor, dtype) == 156, "gl_msg_register_tensor layout");
+GL_STATIC_ASSERT(sizeof(gl_msg_attach_device) == 48, "gl_msg_attach_device layout");
+GL_STATIC_ASSERT(offsetof(gl_msg_attach_device, dmabuf_offset) == 24,
+                 "gl_msg_attach_device layout");
+GL_STATIC_ASSERT(sizeof(gl_stage_map) == 24, "gl_stage_map layout");
+GL_STATIC_ASSERT(offsetof(gl_stage_map, partition_bytes) == 8, "gl_stage_map layout");
 GL_STATIC_ASSERT(sizeof(gl_reply) == 176, "gl_reply layout");
 GL_STATIC_ASSERT(offsetof(gl_reply, value0) == 24, "gl_reply layout");
 GL_STATIC_ASSERT(offsetof(gl_reply, message) == 48, "gl_reply layout");

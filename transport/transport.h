@@ -49,6 +49,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "sched/types.h"
 #include "transport/counters.h"
 #include "transport/wire.h"
@@ -333,6 +334,8 @@ struct TransportCapabilities {
   // sleep on it together with its own descriptors (epoll); -1: none, the owner sleeps inside
   // Progress_st(now, wait_ms) instead.
   int wait_fd = -1;
+  // RegisterDeviceRegion_st can take GPU memory (a dma-buf) for the NIC to read (verbs).
+  bool device_memory = false;
 };
 
 // Registration of memory with the device ahead of RegisterRegion_st, from a thread other than
@@ -391,6 +394,19 @@ class Transport {
   // registered here, on the engine thread (verbs: the device's time).
   virtual absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes) = 0;
   virtual absl::Status UnregisterRegion_st(RegionId region) = 0;
+  // GPUDirect: registers the first `bytes` of the dma-buf `dmabuf_fd` (GPU memory a client
+  // exported) with the NIC, addressed as [iova, iova + bytes). The region is a send source
+  // like any other, read by the NIC alone: the CPU never touches it, so it must never be a
+  // receive target, and only backends whose payloads never pass through the CPU take it.
+  // Unimplemented for those that cannot (TCP, DPDK); the device's refusal otherwise (a NIC or
+  // GPU driver without dma-buf support). Released with UnregisterRegion_st; the backend holds
+  // its own reference to the dma-buf, so the caller may close `dmabuf_fd` at once.
+  virtual absl::StatusOr<RegionId> RegisterDeviceRegion_st(int dmabuf_fd, uint64_t bytes,
+                                                           uint64_t iova) {
+    (void)dmabuf_fd, (void)bytes, (void)iova;
+    return absl::UnimplementedError(
+        absl::StrCat("the ", std::string(backend_name()), " backend cannot send from GPU memory"));
+  }
   // Queues one segment behind the peer's earlier sends. InvalidArgument for a bad region range,
   // NotFound for a dead handle, ResourceExhausted when max_pending_sends_per_peer are
   // outstanding (back-pressure: the engine retries after acks).

@@ -23,10 +23,16 @@
 //   stale bytes, and its copy back is overwritten.
 // - Faults on request, read by cuInit: GRADLANE_FAKE_CUDA_FAIL_COPY=N makes the Nth asynchronous
 //   copy after it (1-based, both directions) fail with CUDA error 700;
-//   GRADLANE_FAKE_CUDA_NO_DEVICE=1 makes cuInit say there is no device.
+//   GRADLANE_FAKE_CUDA_NO_DEVICE=1 makes cuInit say there is no device;
+//   GRADLANE_FAKE_CUDA_NO_DMABUF=1 makes the device say it has no dma-buf support.
+// - GPUDirect: every allocation's bytes are a memfd, page-aligned (as the driver's granularity
+//   is), and cuMemGetHandleForAddressRange exports an allocation's pages as that memfd, the
+//   "dma-buf" the fake transport maps and reads as a NIC would.
 // Only the calls libgradlane and its tools use exist; each is thread-safe (one mutex).
 // gradlane_fake_cuda_counts() lets a test see what happened.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -53,14 +59,18 @@ constexpr Result kIllegalAddress = 700;
 
 constexpr int kAttrContext = 1;
 constexpr int kAttrMemoryType = 2;
+constexpr int kAttrDeviceOrdinal = 9;
 constexpr int kAttrRangeStart = 11;
+constexpr int kDeviceAttrDmaBufSupported = 124;
+constexpr int kRangeHandleDmaBufFd = 1;
+constexpr Result kNotSupported = 801;
 constexpr int kAttrRangeSize = 12;
 constexpr unsigned kMemoryTypeDevice = 2;
 constexpr unsigned kStreamNonBlocking = 1;
 
 // 16 GiB of address space, reserved without access or backing.
 constexpr uint64_t kDeviceSpace = uint64_t{16} << 30;
-constexpr uint64_t kAlign = 256;
+constexpr uint64_t kAlign = 4096;  // whole pages: each allocation is a memfd of its own
 
 struct Event;
 struct Op {
@@ -89,8 +99,12 @@ struct State {
   uint64_t next = 0;
   struct Alloc {
     uint64_t bytes;
-    std::vector<std::byte> data;
+    std::byte* data;  // a shared mapping of `fd`, `mapped` bytes (whole pages)
+    int fd;
+    uint64_t mapped;
   };
+  bool dmabuf = true;
+  uint64_t dmabuf_exports = 0;
   std::map<DevicePtr, Alloc> allocs;
   Context context;
   uint64_t copies_to_host = 0, copies_to_device = 0, bytes_to_host = 0, bytes_to_device = 0;
@@ -112,7 +126,7 @@ std::byte* Translate(State& s, DevicePtr p, uint64_t n) {
   --it;
   const uint64_t off = p - it->first;
   if (off > it->second.bytes || n > it->second.bytes - off) return nullptr;
-  return it->second.data.data() + off;
+  return it->second.data + off;
 }
 
 void RunUntil(Stream* st, const Event* until);
@@ -189,7 +203,37 @@ Result cuInit(unsigned flags) {
     if (p == MAP_FAILED) return kNoDevice;
     s.space = static_cast<std::byte*>(p);
   }
+  s.dmabuf = true;
+  if (const char* e = std::getenv("GRADLANE_FAKE_CUDA_NO_DMABUF"); e != nullptr && *e == '1') {
+    s.dmabuf = false;
+  }
   s.initialised = true;
+  return kSuccess;
+}
+
+Result cuDeviceGetAttribute(int* value, int attribute, int dev) {
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  if (value == nullptr || dev != 0) return kInvalidValue;
+  if (attribute != kDeviceAttrDmaBufSupported) return kInvalidValue;
+  *value = s.dmabuf ? 1 : 0;
+  return kSuccess;
+}
+
+// Exports whole allocations only (what libgradlane asks for: the pages of one allocation).
+Result cuMemGetHandleForAddressRange(void* handle, DevicePtr p, size_t bytes, int type,
+                                     unsigned long long flags) {
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  if (!s.dmabuf) return kNotSupported;
+  if (handle == nullptr || type != kRangeHandleDmaBufFd || flags != 0) return kInvalidValue;
+  if (p % 4096 != 0 || bytes % 4096 != 0) return kInvalidValue;  // the driver's page rule
+  auto it = s.allocs.find(p);
+  if (it == s.allocs.end() || bytes != it->second.mapped) return kInvalidValue;
+  const int fd = ::fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return kInvalidValue;
+  *static_cast<int*>(handle) = fd;
+  ++s.dmabuf_exports;
   return kSuccess;
 }
 
@@ -257,8 +301,18 @@ Result cuMemAlloc_v2(DevicePtr* out, size_t bytes) {
   const uint64_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
   if (rounded > kDeviceSpace - s.next) return kInvalidValue;
   const DevicePtr p = reinterpret_cast<DevicePtr>(s.space + s.next);
+  const int fd = ::memfd_create("fake-cuda", MFD_CLOEXEC);
+  if (fd < 0) return kInvalidValue;
+  void* data = MAP_FAILED;
+  if (::ftruncate(fd, static_cast<off_t>(rounded)) == 0) {
+    data = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  if (data == MAP_FAILED) {
+    ::close(fd);
+    return kInvalidValue;
+  }
   s.next += rounded;  // never reused: a stale pointer never aliases a newer allocation
-  s.allocs.emplace(p, State::Alloc{bytes, std::vector<std::byte>(bytes)});
+  s.allocs.emplace(p, State::Alloc{bytes, static_cast<std::byte*>(data), fd, rounded});
   *out = p;
   return kSuccess;
 }
@@ -267,7 +321,13 @@ Result cuMemFree_v2(DevicePtr p) {
   State& s = S();
   std::lock_guard<std::mutex> l(s.mu);
   SynchronizeAll(s);  // as the driver's cuMemFree does; no queued copy may outlive its memory
-  return s.allocs.erase(p) == 1 ? kSuccess : kInvalidValue;
+  auto it = s.allocs.find(p);
+  if (it == s.allocs.end()) return kInvalidValue;
+  // An exported dma-buf keeps the pages (its fd is another reference), as the driver's does.
+  ::munmap(it->second.data, it->second.mapped);
+  ::close(it->second.fd);
+  s.allocs.erase(it);
+  return kSuccess;
 }
 
 Result cuPointerGetAttribute(void* data, int attribute, DevicePtr p) {
@@ -287,6 +347,9 @@ Result cuPointerGetAttribute(void* data, int attribute, DevicePtr p) {
       return kSuccess;
     case kAttrRangeStart:
       *static_cast<DevicePtr*>(data) = it->first;
+      return kSuccess;
+    case kAttrDeviceOrdinal:
+      *static_cast<int*>(data) = 0;
       return kSuccess;
     case kAttrRangeSize:
       *static_cast<size_t*>(data) = it->second.bytes;
@@ -446,13 +509,13 @@ Result cuMemcpyDtoH_v2(void* dst, DevicePtr src, size_t n) {
 // ranges still registered).
 struct gradlane_fake_cuda_counts_t {
   uint64_t copies_to_host, bytes_to_host, copies_to_device, bytes_to_device;
-  uint64_t live_allocations, host_registered;
+  uint64_t live_allocations, host_registered, dmabuf_exports;
 };
 void gradlane_fake_cuda_counts(gradlane_fake_cuda_counts_t* out) {
   State& s = S();
   std::lock_guard<std::mutex> l(s.mu);
-  *out = {s.copies_to_host,  s.bytes_to_host, s.copies_to_device,
-          s.bytes_to_device, s.allocs.size(), s.host_registered};
+  *out = {s.copies_to_host, s.bytes_to_host,   s.copies_to_device, s.bytes_to_device,
+          s.allocs.size(),  s.host_registered, s.dmabuf_exports};
 }
 
 }  // extern "C"

@@ -1,6 +1,9 @@
 #include "tests/fakes/fake_transport.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <optional>
 #include <span>
@@ -56,6 +59,7 @@ FakeTransport::FakeTransport(const TransportOptions& options, TransportHandler* 
 }
 
 FakeTransport::~FakeTransport() {
+  for (auto& [region, map] : device_maps_) ::munmap(map.first, map.second);
   network_->Kill(address_, /*silent=*/false);
   for (auto it = network_->endpoints_.begin(); it != network_->endpoints_.end();) {
     if (it->second == this) {
@@ -115,7 +119,29 @@ absl::StatusOr<RegionId> FakeTransport::RegisterRegion_st(void* base, uint64_t b
 }
 
 absl::Status FakeTransport::UnregisterRegion_st(RegionId region) {
-  return regions_.Unregister(region);
+  if (absl::Status s = regions_.Unregister(region); !s.ok()) return s;
+  if (auto it = device_maps_.find(region); it != device_maps_.end()) {
+    ::munmap(it->second.first, it->second.second);
+    device_maps_.erase(it);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RegionId> FakeTransport::RegisterDeviceRegion_st(int dmabuf_fd, uint64_t bytes,
+                                                                uint64_t /*iova*/) {
+  if (bytes == 0) return absl::InvalidArgumentError("an empty dma-buf");
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, dmabuf_fd, 0);
+  if (p == MAP_FAILED) {
+    return absl::UnavailableError(
+        absl::StrCat("mapping the dma-buf (fd ", dmabuf_fd, "): ", std::strerror(errno)));
+  }
+  absl::StatusOr<RegionId> id = regions_.Register(p, bytes);
+  if (!id.ok()) {
+    ::munmap(p, bytes);
+    return id;
+  }
+  device_maps_[*id] = {p, bytes};
+  return id;
 }
 
 // ---- data path --------------------------------------------------------------------------------

@@ -89,7 +89,9 @@ class FakeTransport final : public Transport {
   // Registers listen_address:listen_port (port 0: the network picks one). An address already
   // taken is FailedPrecondition ("already in use"), as with TCP.
   // Like a packet backend (see FakeNetwork::set_piece_bytes); virtual time, nothing to sleep on.
-  TransportCapabilities capabilities() const override { return {true, -1}; }
+  // GPU memory: a dma-buf is mapped and read by memcpy, as a NIC reads it by DMA (the tests'
+  // "dma-bufs" are the fake CUDA driver's memfds).
+  TransportCapabilities capabilities() const override { return {true, -1, true}; }
   std::string_view backend_name() const override { return "fake"; }
   absl::StatusOr<uint16_t> Listen_st() override;
   const std::string& address() const { return address_; }
@@ -101,6 +103,10 @@ class FakeTransport final : public Transport {
   void Disconnect_st(PeerHandle peer, TimeNs now) override;
   absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes) override;
   absl::Status UnregisterRegion_st(RegionId region) override;
+  absl::StatusOr<RegionId> RegisterDeviceRegion_st(int dmabuf_fd, uint64_t bytes,
+                                                   uint64_t iova) override;
+  // Device regions registered now (tests check that a job releases its own).
+  size_t device_regions() const { return device_maps_.size(); }
   absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec) override;
   // Sends what is queued, handles inbox frames due by `now`, runs retries and timeouts.
   // wait_ms is ignored (virtual time never blocks). Returns frames handled.
@@ -170,6 +176,8 @@ class FakeTransport final : public Transport {
   JobTable jobs_;
   TimeNs now_ = 0;  // the latest time Progress_st or Connect_st was given
   RegionTable regions_;
+  // Device regions: their read-only mappings of the dma-buf, unmapped when unregistered.
+  absl::flat_hash_map<RegionId, std::pair<void*, uint64_t>> device_maps_;
   std::deque<Message> inbox_;
   TransportCounters counters_;
   Completions report_{handler_, &counters_};

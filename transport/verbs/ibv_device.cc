@@ -227,6 +227,23 @@ absl::StatusOr<std::unique_ptr<IbvMemory>> IbvDevice::Register(void* base, uint6
   return std::unique_ptr<IbvMemory>(new IbvMemory(mr, registrations_));
 }
 
+absl::StatusOr<std::unique_ptr<IbvMemory>> IbvDevice::RegisterDmabuf(int fd, uint64_t bytes,
+                                                                     uint64_t iova) const {
+  // Local write too, as every region here: the NIC only reads it today, and a later receive
+  // target in GPU memory needs no second registration.
+  ibv_mr* mr = ibv_reg_dmabuf_mr(pd_, 0, bytes, iova, fd, IBV_ACCESS_LOCAL_WRITE);
+  if (mr == nullptr) {
+    const int err = errno;
+    registrations_.registration_failures.Add(1);
+    return absl::UnavailableError(absl::StrCat("registering ", bytes,
+                                               " bytes of GPU memory (dma-buf) with ", name(), ": ",
+                                               std::strerror(err)));
+  }
+  registrations_.registrations.Add(1);
+  registrations_.registered_bytes.Add(mr->length);
+  return std::unique_ptr<IbvMemory>(new IbvMemory(mr, registrations_));
+}
+
 absl::StatusOr<std::unique_ptr<IbvQueuePair>> IbvDevice::CreateQueuePair(uint32_t send_depth,
                                                                          uint32_t recv_depth) {
   ibv_qp_init_attr init{};

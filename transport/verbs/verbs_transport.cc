@@ -146,6 +146,7 @@ TransportCapabilities VerbsTransport::capabilities() const {
   TransportCapabilities c;
   c.hands_over_pieces = false;
   c.wait_fd = epoll_fd_;
+  c.device_memory = true;
   return c;
 }
 
@@ -189,7 +190,7 @@ absl::StatusOr<RegionId> VerbsTransport::RegisterRegion_st(void* base, uint64_t 
     m.keys = *keys;
     m.registered = true;
   }
-  region_keys_[*id] = m;
+  region_keys_[*id] = std::move(m);
   return id;
 }
 
@@ -199,8 +200,22 @@ absl::Status VerbsTransport::UnregisterRegion_st(RegionId region) {
   // The engine unregisters a region only once no send from it is pending and its job's queue
   // pairs are torn down, so no posted work request names these keys any more.
   if (m.registered) (void)cache_->Release(m.base, m.bytes);
-  m = RegionMemory{};
+  m = RegionMemory{};  // a device region's registration goes with it
   return absl::OkStatus();
+}
+
+absl::StatusOr<RegionId> VerbsTransport::RegisterDeviceRegion_st(int dmabuf_fd, uint64_t bytes,
+                                                                 uint64_t iova) {
+  if (bytes == 0 || iova == 0) return absl::InvalidArgumentError("an empty or unplaced dma-buf");
+  absl::StatusOr<std::unique_ptr<IbvMemory>> mr = device_->RegisterDmabuf(dmabuf_fd, bytes, iova);
+  if (!mr.ok()) return mr.status();
+  // The table only bounds-checks and adds offsets: the "pointer" is the NIC's address, the iova.
+  absl::StatusOr<RegionId> id = regions_.Register(reinterpret_cast<void*>(iova), bytes);
+  if (!id.ok()) return id;
+  RegionMemory& m = region_keys_[*id];
+  m = RegionMemory{reinterpret_cast<void*>(iova), bytes, RegionKeys{(*mr)->lkey(), (*mr)->rkey()},
+                   false, std::move(*mr)};
+  return id;
 }
 
 absl::Status VerbsTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
@@ -223,7 +238,7 @@ absl::Status VerbsTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) 
   OutgoingSegment s;
   s.header = MakeDataHeader(c.job_id, c.local_rank, spec);
   s.payload_addr = reinterpret_cast<uint64_t>(*payload);
-  s.payload_lkey = m.registered ? m.keys.lkey : 0;
+  s.payload_lkey = m.registered || m.device_mr != nullptr ? m.keys.lkey : 0;
   const uint64_t slot = c.send_index & (c.sends.size() - 1);
   s.cookie = slot;
   if (absl::Status st = c.sender->Post(s); !st.ok()) {

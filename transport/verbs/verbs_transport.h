@@ -75,6 +75,10 @@ class VerbsTransport final : public Transport, private TransportHandler {
   void Disconnect_st(PeerHandle peer, TimeNs now) override;
   absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes) override;
   absl::Status UnregisterRegion_st(RegionId region) override;
+  // ibv_reg_dmabuf_mr on this thread: GPU memory is pinned by its own driver already, so this
+  // is no page walk of host memory (the cost that moved arena registration off this thread).
+  absl::StatusOr<RegionId> RegisterDeviceRegion_st(int dmabuf_fd, uint64_t bytes,
+                                                   uint64_t iova) override;
   absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec) override;
   int Progress_st(TimeNs now, int wait_ms) override;
   bool HasDeferredWork_st() const override;
@@ -124,7 +128,8 @@ class VerbsTransport final : public Transport, private TransportHandler {
     void* base = nullptr;
     uint64_t bytes = 0;
     RegionKeys keys;
-    bool registered = false;
+    bool registered = false;               // through the cache (host memory)
+    std::unique_ptr<IbvMemory> device_mr;  // GPU memory: base is its iova, never dereferenced
   };
 
   VerbsTransport(const TransportOptions& options, const VerbsOptions& verbs,

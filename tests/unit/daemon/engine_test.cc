@@ -3,9 +3,11 @@
 // engine over its Unix socket and shared memory. Results are compared bit for bit with a
 // reference reduction computed here (rank order, f16/bf16 widened to f32 and rounded once).
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,8 +32,11 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/engine.h"
 #include "daemon/ps/half.h"
+#include "libclient/cuda_driver.h"
 #include "libclient/gradlane.h"
+#include "libclient/gradlane_testing.h"
 #include "sched/policies/gradlane_selector.h"
+#include "shm/uds.h"
 #include "tests/fakes/fake_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/verbs/registration_cache.h"
@@ -1727,6 +1733,303 @@ TEST(EngineTcpTest, DialAbandonedMidHandshakeIsRetriedNotFatal) {
   });
   for (auto& t : threads) t.join();
   for (int i = 0; i < 2; ++i) EXPECT_EQ(cluster.Stats(i).jobs_failed, 0u) << "daemon " << i;
+}
+
+// ---- GPUDirect: device tensors whose pushes the daemon sends from GPU memory -----------------
+//
+// The fake CUDA driver (GRADLANE_CUDA_LIBRARY) backs each allocation with a memfd and exports it
+// as the "dma-buf"; the fake transport maps it and reads it as a NIC would. Every iteration
+// writes new values into device memory only: a push read from the arena where the client did
+// not stage it, or a local contribution the client failed to stage, sums stale bytes and the
+// bit-exact check fails.
+
+struct FakeCudaCounts {
+  uint64_t copies_to_host, bytes_to_host, copies_to_device, bytes_to_device;
+  uint64_t live_allocations, host_registered, dmabuf_exports;
+};
+
+FakeCudaCounts FakeCounts() {
+  FakeCudaCounts out{};
+  const char* lib = std::getenv("GRADLANE_CUDA_LIBRARY");
+  void* h = lib == nullptr ? nullptr : ::dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+  auto* fn =
+      h == nullptr
+          ? nullptr
+          : reinterpret_cast<void (*)(FakeCudaCounts*)>(::dlsym(h, "gradlane_fake_cuda_counts"));
+  EXPECT_NE(fn, nullptr) << "GRADLANE_CUDA_LIBRARY must name the fake driver";
+  if (fn != nullptr) fn(&out);
+  if (h != nullptr) ::dlclose(h);
+  return out;
+}
+
+// One rank whose tensors live in (fake) GPU memory.
+class DeviceRankClient {
+ public:
+  ~DeviceRankClient() {
+    if (c_ != nullptr) gl_close(c_);
+    for (client::cu::DevicePtr p : ptrs_) cuda_->MemFree(p);
+  }
+  int Setup(const std::string& socket, const JobSpec& job, int rank) {
+    auto d = client::LoadCudaDriver();
+    EXPECT_TRUE(d.ok()) << d.status();
+    if (!d.ok()) return GL_E_DEVICE;
+    cuda_ = *d;
+    client::cu::Context ctx = nullptr;
+    client::cu::Device dev{};
+    EXPECT_EQ(cuda_->DeviceGet(&dev, 0), client::cu::kSuccess);
+    EXPECT_EQ(cuda_->DevicePrimaryCtxRetain(&ctx, dev), client::cu::kSuccess);
+    EXPECT_EQ(cuda_->CtxSetCurrent(ctx), client::cu::kSuccess);
+    gl_connect_options o{};
+    o.socket_path = socket.c_str();
+    o.arena_bytes = 8 << 20;
+    o.timeout_ms = 10000;
+    int s = gl_connect(&o, &c_);
+    if (s != GL_OK) return s;
+    std::vector<std::string> peers;
+    for (int r = 0; r < job.world; ++r) peers.push_back(Addr(r));
+    std::vector<const char*> pp;
+    for (auto& p : peers) pp.push_back(p.c_str());
+    gl_job_info info{};
+    info.job_id = job.job_id.c_str();
+    info.rank = rank;
+    info.world_size = job.world;
+    info.peers = pp.data();
+    info.num_peers = job.world;
+    info.policy = job.policy.empty() ? nullptr : job.policy.c_str();
+    info.auth_token = job.token.c_str();
+    if ((s = gl_register_job_mode(c_, &info, job.mode)) != GL_OK) return s;
+    for (const TensorDef& t : job.tensors) {
+      client::cu::DevicePtr p = 0;
+      EXPECT_EQ(cuda_->MemAlloc(&p, t.bytes), client::cu::kSuccess);
+      ptrs_.push_back(p);
+      uint32_t id = 0;
+      s = gl_register_device_tensor(c_, t.name.c_str(), reinterpret_cast<void*>(p), t.bytes,
+                                    t.dtype, t.priority, &id);
+      if (s != GL_OK) return s;
+      ids_.push_back(id);
+    }
+    return GL_OK;
+  }
+  // Writes this rank's values of `iter` into device memory, posts every tensor (the larger ones
+  // in two ranges split inside a partition), waits, and checks each result in device memory.
+  bool Iterate(const JobSpec& job, int rank, int64_t iter) {
+    int posts = 0;
+    for (size_t ti = 0; ti < job.tensors.size(); ++ti) {
+      const TensorDef& t = job.tensors[ti];
+      std::vector<uint8_t> v(t.bytes);
+      Fill(t, v.data(), job.seed, rank, iter, ti);
+      EXPECT_EQ(cuda_->MemcpyHtoD(ptrs_[ti], v.data(), v.size()), client::cu::kSuccess);
+      EXPECT_EQ(cuda_->CtxSynchronize(), client::cu::kSuccess);
+      const uint64_t elem = t.dtype == GL_DTYPE_F32 ? 4 : 2;
+      if (t.bytes >= 2 * kPartition) {
+        const uint64_t half = (t.bytes / elem / 2) * elem + elem;
+        EXPECT_EQ(gl_post(c_, ids_[ti], iter, 0, half, ti), GL_OK) << gl_last_error(c_);
+        EXPECT_EQ(gl_post(c_, ids_[ti], iter, half, GL_WHOLE_TENSOR, ti), GL_OK);
+        posts += 2;
+      } else {
+        EXPECT_EQ(gl_post(c_, ids_[ti], iter, 0, GL_WHOLE_TENSOR, ti), GL_OK) << gl_last_error(c_);
+        posts += 1;
+      }
+    }
+    int got = 0;
+    const auto end = Clock::now() + std::chrono::seconds(15);
+    while (got < posts && Clock::now() < end) {
+      gl_completion cs[64];
+      uint32_t count = 0;
+      if (gl_wait(c_, cs, 64, &count, 100) == GL_E_DISCONNECTED) break;
+      for (uint32_t k = 0; k < count; ++k) {
+        EXPECT_EQ(cs[k].status, GL_OK) << gl_strerror(cs[k].status) << " rank " << rank;
+        ++got;
+      }
+    }
+    EXPECT_EQ(got, posts) << "rank " << rank << " iteration " << iter;
+    bool ok = got == posts;
+    for (size_t ti = 0; ti < job.tensors.size(); ++ti) {
+      const TensorDef& t = job.tensors[ti];
+      std::vector<uint8_t> out(t.bytes);
+      EXPECT_EQ(cuda_->MemcpyDtoH(out.data(), ptrs_[ti], t.bytes), client::cu::kSuccess);
+      if (out != Reference(t, job.seed, job.world, iter, ti, /*mean=*/false)) {
+        ADD_FAILURE() << "rank " << rank << " iteration " << iter << " tensor " << t.name
+                      << ": result differs from the rank-ordered reference";
+        ok = false;
+      }
+    }
+    return ok;
+  }
+  gl_client* c() { return c_; }
+  size_t tensors() const { return ids_.size(); }
+  uint32_t id(size_t ti) const { return ids_[ti]; }
+
+ private:
+  const client::CudaDriver* cuda_ = nullptr;
+  gl_client* c_ = nullptr;
+  std::vector<client::cu::DevicePtr> ptrs_;
+  std::vector<uint32_t> ids_;
+};
+
+std::vector<TensorDef> DeviceTensors() {
+  return {
+      {"f32_multi", 6 * kPartition + 12, GL_DTYPE_F32, 0},
+      {"f16_multi", 5 * kPartition + 2, GL_DTYPE_F16, 1},
+      {"bf16_odd", 1001 * 2, GL_DTYPE_BF16, 2},
+      {"f32_one", 4, GL_DTYPE_F32, 3},
+  };
+}
+
+struct DeviceRun {
+  uint64_t staged = 0, direct = 0, posted = 0;
+  int direct_tensors = 0;
+  std::string note;
+};
+
+// Runs `iterations` of `job` with device tensors, one client thread per rank.
+std::vector<DeviceRun> RunDeviceJob(Cluster& cluster, const JobSpec& job, int iterations) {
+  std::vector<DeviceRun> runs(job.world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < job.world; ++r) {
+    threads.emplace_back([&, r] {
+      DeviceRankClient c;
+      ASSERT_EQ(c.Setup(cluster.socket(r), job, r), GL_OK) << gl_last_error(c.c());
+      for (int64_t it = 0; it < iterations; ++it) {
+        if (!c.Iterate(job, r, it)) break;
+      }
+      const char* note = "";
+      for (size_t ti = 0; ti < c.tensors(); ++ti) {
+        runs[r].direct_tensors +=
+            gl_testing_gpudirect(c.c(), c.id(ti), &runs[r].staged, &runs[r].direct, &note);
+      }
+      runs[r].note = note;
+      for (const TensorDef& t : job.tensors) runs[r].posted += t.bytes * iterations;
+    });
+  }
+  for (auto& t : threads) t.join();
+  return runs;
+}
+
+TEST(EngineGpuDirectTest, PushesGoStraightFromGpuMemoryAndOnlyTheLocalShardIsStaged) {
+  Cluster cluster(3, TestOptions(), "gpudirect");
+  JobSpec job{"job-gpudirect", 3, "bytescheduler", "secret", DeviceTensors(), 21};
+  ASSERT_TRUE(client::LoadCudaDriver().ok());  // so that its counts can be read before the run
+  const FakeCudaCounts before = FakeCounts();
+  const std::vector<DeviceRun> runs = RunDeviceJob(cluster, job, 4);
+  const FakeCudaCounts after = FakeCounts();
+  EXPECT_EQ(after.dmabuf_exports - before.dmabuf_exports, 3 * job.tensors.size());
+  uint64_t staged = 0;
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_EQ(runs[r].direct_tensors, static_cast<int>(job.tensors.size())) << runs[r].note;
+    EXPECT_EQ(runs[r].staged + runs[r].direct, runs[r].posted);
+    // Iteration 0 is staged whole (the map is published by its first post); after that about a
+    // third of the bytes is this host's shard. Some partitions are another host's on every rank.
+    EXPECT_GT(runs[r].direct, 0u);
+    EXPECT_LT(runs[r].staged, runs[r].posted);
+    staged += runs[r].staged;
+    const EngineStats st = cluster.Stats(r);
+    EXPECT_EQ(st.device_tensors, job.tensors.size());
+    EXPECT_EQ(st.device_registrations_refused, 0u);
+    EXPECT_EQ(st.jobs_failed, 0u);
+  }
+  // What the client copied from the GPU is exactly what it says it staged.
+  EXPECT_EQ(after.bytes_to_host - before.bytes_to_host, staged);
+}
+
+// A transport that cannot send from GPU memory (the default RegisterDeviceRegion_st, as TCP and
+// DPDK) although it said it could: the job registers nothing, every tensor stays staged whole,
+// the results are exact, and the refusal is counted.
+TEST(EngineGpuDirectTest, ABackendThatRefusesGpuMemoryLeavesTensorsStagedAndExact) {
+  TestRegistrar registrar;
+  Cluster cluster(2, TestOptions(), "gpudirect-refused", nullptr, &registrar);
+  JobSpec job{"job-gpudirect-refused", 2, "bytescheduler", "secret", DeviceTensors(), 22};
+  const std::vector<DeviceRun> runs = RunDeviceJob(cluster, job, 2);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(runs[r].direct_tensors, 0);
+    EXPECT_EQ(runs[r].direct, 0u);
+    EXPECT_EQ(runs[r].staged, runs[r].posted);
+    EXPECT_EQ(cluster.Stats(r).device_registrations_refused, job.tensors.size());
+    EXPECT_EQ(cluster.Stats(r).device_tensors, 0u);
+  }
+}
+
+// All-reduce jobs reduce on the CPU at every hop: their device tensors stay staged.
+TEST(EngineGpuDirectTest, AllReduceJobsStageDeviceTensors) {
+  Cluster cluster(3, TestOptions(), "gpudirect-ar");
+  JobSpec job{"job-gpudirect-ar",  3,  "bytescheduler",  "secret", DeviceTensors(),
+              23 | kIntegerValues, {}, GL_MODE_ALLREDUCE};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      DeviceRankClient c;
+      ASSERT_EQ(c.Setup(cluster.socket(r), job, r), GL_OK);
+      EXPECT_TRUE(c.Iterate(job, r, 0));
+      for (size_t ti = 0; ti < c.tensors(); ++ti) {
+        EXPECT_EQ(gl_testing_gpudirect(c.c(), c.id(ti), nullptr, nullptr, nullptr), 0);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(cluster.Stats(r).device_tensors, 0u);
+}
+
+// The daemon's side of GL_MSG_ATTACH_DEVICE: what it refuses, and why, with the session going on.
+gl_reply AttachRaw(gl_client* c, uint32_t tensor_id, uint64_t offset, uint64_t bytes,
+                   std::span<const int> fds, uint32_t reserved = 0) {
+  static std::atomic<uint64_t> next{1000};
+  gl_msg_attach_device m{};
+  m.header.type = GL_MSG_ATTACH_DEVICE;
+  m.header.length = sizeof(m);
+  m.header.request_id = next++;
+  m.tensor_id = tensor_id;
+  m.reserved = reserved;
+  m.dmabuf_offset = offset;
+  m.dmabuf_bytes = bytes;
+  m.device_address = 1 << 20;
+  gl_reply r{};
+  r.status = -1;
+  const int sock = gl_testing_socket_fd(c);
+  EXPECT_TRUE(shm::SendMessage(sock, &m, sizeof(m), fds).ok());
+  for (int i = 0; i < 100; ++i) {
+    if (!shm::WaitReadable(sock, 5000).ok()) break;
+    std::array<shm::UniqueFd, shm::kMaxPassedFds> stray;
+    auto rx = shm::ReceiveMessage(sock, &r, sizeof(r), stray);
+    if (!rx.ok() || rx->eof) break;
+    if (r.header.request_id == m.header.request_id) return r;
+  }
+  ADD_FAILURE() << "no reply to attach_device";
+  return r;
+}
+
+TEST(EngineGpuDirectTest, AttachRefusalsAreClearAndTheSessionGoesOn) {
+  Cluster cluster(1, TestOptions(), "gpudirect-attach");
+  RankClient c;
+  JobSpec job{"job-attach", 1, "bytescheduler", "secret", DeviceTensors(), 24};
+  ASSERT_EQ(c.Setup(cluster.socket(0), job, 0), GL_OK);
+  const int memfd = ::memfd_create("dmabuf", MFD_CLOEXEC);
+  ASSERT_GE(memfd, 0);
+  ASSERT_EQ(::ftruncate(memfd, 1 << 20), 0);
+  const uint64_t t0 = job.tensors[0].bytes;
+  const int one[1] = {memfd};
+  const int two[2] = {memfd, memfd};
+  gl_reply r = AttachRaw(c.c(), 0, 0, 1 << 20, {});
+  EXPECT_EQ(r.status, GL_E_PROTOCOL) << r.message;
+  EXPECT_NE(std::string(r.message).find("0 file descriptors"), std::string::npos) << r.message;
+  EXPECT_EQ(AttachRaw(c.c(), 0, 0, 1 << 20, two).status, GL_E_PROTOCOL);
+  EXPECT_EQ(AttachRaw(c.c(), 0, 0, 1 << 20, one, /*reserved=*/1).status, GL_E_INVALID_ARGUMENT);
+  EXPECT_EQ(AttachRaw(c.c(), 99, 0, 1 << 20, one).status, GL_E_BAD_TENSOR);
+  r = AttachRaw(c.c(), 0, (1 << 20) - t0 + 4, 1 << 20, one);  // the tensor runs past the end
+  EXPECT_EQ(r.status, GL_E_INVALID_ARGUMENT) << r.message;
+  EXPECT_NE(std::string(r.message).find("does not lie in its dma-buf"), std::string::npos);
+  EXPECT_EQ(AttachRaw(c.c(), 0, 0, 1 << 20, one).status, GL_OK);
+  r = AttachRaw(c.c(), 0, 0, 1 << 20, one);
+  EXPECT_EQ(r.status, GL_E_ALREADY_EXISTS) << r.message;
+  // The job starts: tensor 0 goes from the "GPU memory" (the memfd: zeros), the others staged.
+  const int n = c.Post(job, 0, 0, 1, job.tensors.size());
+  EXPECT_EQ(c.Wait(n).size(), static_cast<size_t>(n));
+  r = AttachRaw(c.c(), 1, 0, 1 << 20, one);
+  EXPECT_EQ(r.status, GL_E_PROTOCOL) << r.message;
+  EXPECT_NE(std::string(r.message).find("before the job's first post"), std::string::npos)
+      << r.message;
+  EXPECT_EQ(cluster.Stats(0).device_tensors, 1u);
+  ::close(memfd);
 }
 
 }  // namespace
