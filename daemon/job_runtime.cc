@@ -156,6 +156,7 @@ JobError JobRuntime::SetUp_st(Session& session, TimeNs now) {
   if (!mi.ok()) return {GL_E_NO_MEMORY, std::string(mi.status().message())};
   manifest_in_region_ = *mi;
   if (!allreduce()) AttachDeviceMemory_st(session);
+  device_results_.assign(size_t{plan_.world} * plan_.tensors.size(), 0);
   worker_.SetUp_st();
   dispatches_.reserve(256);
   peers_.assign(plan_.world, JobPeer{});
@@ -274,6 +275,8 @@ void JobRuntime::RemoveFromTransport_st() {
 
 void JobRuntime::AttachDeviceMemory_st(const Session& session) {
   transport::Transport& transport = host_.transport_st();
+  uint32_t refused = 0;
+  std::string first_refusal;
   for (const DeviceAttachment& a : session.device_attachments_st()) {
     if (a.tensor_id >= plan_.tensors.size()) continue;
     JobTensor& t = plan_.tensors[a.tensor_id];
@@ -286,8 +289,9 @@ void JobRuntime::AttachDeviceMemory_st(const Session& session) {
     if (!region.ok()) {
       // The client goes on staging every byte: slower, never wrong.
       host_.counters_st().device_registrations_refused.Add_st(1);
-      LogLine(absl::StrCat("job ", id(), ": tensor '", t.name,
-                           "' is staged through shared memory: ", region.status().message()));
+      if (refused++ == 0) {
+        first_refusal = absl::StrCat("'", t.name, "': ", region.status().message());
+      }
       continue;
     }
     t.device_region = *region;
@@ -304,6 +308,12 @@ void JobRuntime::AttachDeviceMemory_st(const Session& session) {
     map->partition_bytes = t.plan.partition_bytes();
     map->map_bits = a.map_bits;
     shm::Shared(map->ready).store(1, std::memory_order_release);
+  }
+  if (refused > 0) {  // one line per job, however many tensors (a device refuses them all alike)
+    LogLine(absl::StrCat("job ", id(), ": ", refused,
+                         " device tensor(s) staged through shared memory, the NIC refused their "
+                         "GPU memory (first: ",
+                         first_refusal, ")"));
   }
 }
 
@@ -603,6 +613,9 @@ RecvTarget JobRuntime::ResolveRecv_st(const transport::PeerInfo& peer,
     if (p->owner != plan_.rank) return reject();
     OwnedPart& o = shard_.owned(p->owned);
     if (!shard_.Accept_st(o, r, h.iteration, h.length)) return reject();
+    if ((h.flags & transport::kFlagDeviceResult) != 0) {
+      device_results_[size_t{r} * plan_.tensors.size() + tid] = 1;
+    }
     return shard_.PushTarget_st(o, r, h, cookie);
   }
   const RecvTarget target = worker_.ResolveResult_st(static_cast<uint16_t>(r), *p, h, cookie);

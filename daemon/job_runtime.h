@@ -187,6 +187,12 @@ class JobRuntime {
   ShardRole& shard() { return shard_; }
   RingRole& ring() { return ring_; }
   bool allreduce() const { return plan_.mode == GL_MODE_ALLREDUCE; }
+  // Rank `rank` asked (kFlagDeviceResult on its pushes) for tensor `tensor`'s results by
+  // rendezvous: they land in its client's GPU memory.
+  bool DeviceResult(uint32_t rank, uint32_t tensor) const {
+    const size_t i = size_t{rank} * plan_.tensors.size() + tensor;
+    return i < device_results_.size() && device_results_[i] != 0;
+  }
   JobHost& host() { return host_; }
   uint64_t Cookie(uint64_t flags, uint32_t dispatch) const {
     return MakeCookie(slot_, generation_, flags, dispatch);
@@ -258,6 +264,8 @@ class JobRuntime {
   uint8_t* arena_ = nullptr;
   uint64_t arena_bytes_ = 0;
   transport::RegionId arena_region_ = transport::kNoRegion;
+  // By rank × tensor: 1 once that rank's pushes carried kFlagDeviceResult (DeviceResult).
+  std::vector<uint8_t> device_results_;
   std::vector<ManifestBody> manifest_in_;  // per rank
   transport::RegionId manifest_region_ = transport::kNoRegion;
   transport::RegionId manifest_in_region_ = transport::kNoRegion;

@@ -99,9 +99,11 @@ bool JobRuntime::SendDispatch_st(uint32_t d, size_t from, TimeNs now) {
     } else if (seg.direction == sched::Direction::kPush) {
       const JobTensor& t = plan_.tensors[tid];
       if (t.device_region != transport::kNoRegion) {
-        // Straight from GPU memory: the client staged only what the local shard reads.
+        // Straight from GPU memory: the client staged only what the local shard reads. The
+        // result comes back there too, which the shard must send by rendezvous.
         spec.region = t.device_region;
         spec.region_offset = t.device_offset + seg.offset;
+        spec.gpudirect_flags = transport::kFlagDeviceResult;
       } else {
         spec.region = arena_region_;
         spec.region_offset = t.arena_offset + seg.offset;
@@ -111,6 +113,7 @@ bool JobRuntime::SendDispatch_st(uint32_t d, size_t from, TimeNs now) {
       spec.region = shard_.slab_region();
       spec.region_offset = shard_.ResultOffset(*p) + (seg.offset - p->offset);
       spec.cookie = Cookie(kCookiePull, d);
+      if (DeviceResult(seg.peer, tid)) spec.gpudirect_flags = transport::kFlagRendezvous;
     }
     JobPeer& peer = peers_[seg.peer];
     if (peer.left) {

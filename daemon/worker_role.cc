@@ -116,6 +116,11 @@ RecvTarget WorkerRole::ResolveResult_st(uint16_t from_rank, Part& p,
   }
   p.result_reserved += h.length;
   const JobTensor& t = job_.plan().tensors[p.tensor];
+  // GPUDirect: another shard's result goes straight into GPU memory (our pushes asked for it
+  // by rendezvous); the client copies back only the partitions the local shard reduced.
+  if (t.device_region != transport::kNoRegion) {
+    return RecvTarget::Into(t.device_region, t.device_offset + h.offset, cookie);
+  }
   return RecvTarget::Into(job_.arena_region(), t.arena_offset + h.offset, cookie);
 }
 

@@ -60,6 +60,7 @@ GRADLANE_CHECK_CUDA_TYPE(MemcpyDtoH, cuMemcpyDtoH_v2)
 GRADLANE_CHECK_CUDA_TYPE(CtxSynchronize, cuCtxSynchronize)
 GRADLANE_CHECK_CUDA_TYPE(DeviceGetAttribute, cuDeviceGetAttribute)
 GRADLANE_CHECK_CUDA_TYPE(MemGetHandleForAddressRange, cuMemGetHandleForAddressRange)
+GRADLANE_CHECK_CUDA_TYPE(FlushGPUDirectRDMAWrites, cuFlushGPUDirectRDMAWrites)
 #undef GRADLANE_CHECK_CUDA_TYPE
 #endif
 
@@ -110,6 +111,8 @@ absl::StatusOr<const CudaDriver*> Load(const std::string& path) {
       d->DeviceGetAttribute = nullptr;
       d->MemGetHandleForAddressRange = nullptr;
     }
+    std::string none;
+    Bind(lib, "cuFlushGPUDirectRDMAWrites", &d->FlushGPUDirectRDMAWrites, &none);
   }
   if (!missing.empty()) {
     ::dlclose(lib);

@@ -45,6 +45,11 @@ using RangeHandleType = CUmemRangeHandleType;
 inline constexpr DeviceAttribute kDeviceDmaBufSupported = CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED;
 inline constexpr RangeHandleType kRangeHandleDmaBufFd = CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD;
 inline constexpr PointerAttribute kPointerDeviceOrdinal = CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL;
+using FlushTarget = CUflushGPUDirectRDMAWritesTarget;
+using FlushScope = CUflushGPUDirectRDMAWritesScope;
+inline constexpr FlushTarget kFlushTargetCurrentContext =
+    CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX;
+inline constexpr FlushScope kFlushToOwner = CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER;
 inline constexpr Result kSuccess = CUDA_SUCCESS;
 inline constexpr Result kErrorNotReady = CUDA_ERROR_NOT_READY;
 inline constexpr Result kErrorInvalidValue = CUDA_ERROR_INVALID_VALUE;
@@ -71,6 +76,10 @@ using RangeHandleType = int;
 inline constexpr DeviceAttribute kDeviceDmaBufSupported = 124;
 inline constexpr RangeHandleType kRangeHandleDmaBufFd = 1;
 inline constexpr PointerAttribute kPointerDeviceOrdinal = 9;
+using FlushTarget = int;
+using FlushScope = int;
+inline constexpr FlushTarget kFlushTargetCurrentContext = 0;
+inline constexpr FlushScope kFlushToOwner = 100;
 inline constexpr Result kSuccess = 0;
 inline constexpr Result kErrorNotReady = 600;
 inline constexpr Result kErrorInvalidValue = 1;
@@ -128,6 +137,9 @@ struct CudaDriver {
   cu::Result (*MemGetHandleForAddressRange)(void* handle, cu::DevicePtr, size_t bytes,
                                             cu::RangeHandleType,
                                             unsigned long long flags) = nullptr;
+  // Makes a NIC's writes into GPU memory visible to later work (CUDA 11.3+); null: not offered,
+  // and the completion's order is relied on.
+  cu::Result (*FlushGPUDirectRDMAWrites)(cu::FlushTarget, cu::FlushScope) = nullptr;
 
   // "CUDA error 700 (an illegal memory access was encountered)".
   std::string Describe(cu::Result r) const;

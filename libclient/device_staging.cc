@@ -115,7 +115,8 @@ bool DeviceStaging::IsDirect(uint32_t id) const {
 }
 
 template <typename Fn>
-void DeviceStaging::ForEachStagedPiece(const Tensor& t, uint64_t offset, uint64_t length, Fn&& fn) {
+bool DeviceStaging::ForEachStagedPiece(const Tensor& t, uint64_t offset, uint64_t length,
+                                       uint64_t* staged, uint64_t* direct_bytes, Fn&& fn) {
   // The map is the daemon's, in shared memory: read once it says ready, and trusted only as far
   // as it keeps the copies inside the tensor (a broken map makes us stage all or too little of
   // our own data, never touch anything else).
@@ -133,8 +134,8 @@ void DeviceStaging::ForEachStagedPiece(const Tensor& t, uint64_t offset, uint64_
   }
   if (!direct) {
     fn(offset, length);
-    staged_bytes_ += length;
-    return;
+    *staged += length;
+    return false;
   }
   const auto* bits = reinterpret_cast<const uint8_t*>(m) + sizeof(gl_stage_map);
   const uint64_t end = offset + length;
@@ -142,7 +143,7 @@ void DeviceStaging::ForEachStagedPiece(const Tensor& t, uint64_t offset, uint64_
   for (uint64_t p = offset / part; p < parts && p * part < end; ++p) {
     const uint64_t b = std::max(offset, p * part), e = std::min(end, (p + 1) * part);
     if ((bits[p / 8] >> (p % 8) & 1) == 0) {
-      direct_bytes_ += e - b;
+      *direct_bytes += e - b;
       continue;
     }
     if (run_end == b && run_end != run_begin) {
@@ -152,9 +153,10 @@ void DeviceStaging::ForEachStagedPiece(const Tensor& t, uint64_t offset, uint64_
       run_begin = b;
       run_end = e;
     }
-    staged_bytes_ += e - b;
+    *staged += e - b;
   }
   if (run_end != run_begin) fn(run_begin, run_end - run_begin);
+  return true;
 }
 
 absl::Status DeviceStaging::StageIn(uint32_t id, uint64_t offset, uint64_t length,
@@ -181,11 +183,12 @@ absl::Status DeviceStaging::StageIn(uint32_t id, uint64_t offset, uint64_t lengt
   // still waited for, so the call's timing does not depend on the range.
   const bool in_range = length != 0 && offset <= t.bytes && length <= t.bytes - offset;
   if (in_range) {
-    ForEachStagedPiece(t, offset, length, [&](uint64_t begin, uint64_t bytes) {
-      if (r == cu::kSuccess) {
-        r = cuda_.MemcpyDtoHAsync(t.staging + begin, t.device + begin, bytes, stream);
-      }
-    });
+    ForEachStagedPiece(
+        t, offset, length, &staged_bytes_, &direct_bytes_, [&](uint64_t begin, uint64_t bytes) {
+          if (r == cu::kSuccess) {
+            r = cuda_.MemcpyDtoHAsync(t.staging + begin, t.device + begin, bytes, stream);
+          }
+        });
   }
   // Also with nothing to copy (GPUDirect): the NIC reads the bytes once the post is in, so the
   // work that computes them must be finished first.
@@ -217,14 +220,29 @@ void DeviceStaging::Accept(const gl_cqe& e) {
   const uint64_t length = std::min(e.length, t.bytes - begin);
   if (length == 0) return;
   ContextScope scope(cuda_, context_);
-  cu::Result r = cuda_.MemcpyHtoDAsync(t.device + begin, t.staging + begin, length, to_device_);
-  if (r == cu::kSuccess) r = cuda_.EventRecord(s.event, to_device_);
+  cu::Result r = cu::kSuccess;
+  bool copied = false;
+  // GPUDirect: the other shards' results are in GPU memory already (their NICs wrote them);
+  // only what this host's shard reduced is copied, or stale arena bytes would overwrite them.
+  const bool direct = ForEachStagedPiece(
+      t, begin, length, &copied_back_bytes_, &written_direct_bytes_,
+      [&](uint64_t from, uint64_t bytes) {
+        if (r == cu::kSuccess) {
+          r = cuda_.MemcpyHtoDAsync(t.device + from, t.staging + from, bytes, to_device_);
+        }
+        copied = true;
+      });
+  if (direct && r == cu::kSuccess && cuda_.FlushGPUDirectRDMAWrites != nullptr) {
+    // The NIC's writes visible to the work the caller issues after the completion.
+    r = cuda_.FlushGPUDirectRDMAWrites(cu::kFlushTargetCurrentContext, cu::kFlushToOwner);
+  }
+  if (copied && r == cu::kSuccess) r = cuda_.EventRecord(s.event, to_device_);
   if (r != cu::kSuccess) {
     FailSlot(s, absl::StrCat("copying the result of tensor ", e.tensor_id,
                              " to the GPU: ", cuda_.Describe(r)));
     return;
   }
-  s.copying = true;
+  s.copying = copied;
 }
 
 bool DeviceStaging::TakeReady(gl_cqe* out) {

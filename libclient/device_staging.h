@@ -94,6 +94,9 @@ class DeviceStaging {
   // Bytes StageIn copied, and bytes it left to the NIC to read from GPU memory (poster's).
   uint64_t staged_bytes() const { return staged_bytes_; }
   uint64_t direct_bytes() const { return direct_bytes_; }
+  // Result bytes Accept copied back, and those the NIC wrote into GPU memory (poller's).
+  uint64_t copied_back_bytes() const { return copied_back_bytes_; }
+  uint64_t written_direct_bytes() const { return written_direct_bytes_; }
 
   // Poster: copies bytes [offset, offset + length) of device tensor `id` into its staging
   // buffer and waits for the copy. A range outside the tensor is left alone (the daemon refuses
@@ -135,10 +138,13 @@ class DeviceStaging {
 
   DeviceStaging(const CudaDriver& cuda, cu::Context context) : cuda_(cuda), context_(context) {}
   void FailSlot(Slot& s, const std::string& why);
-  // Calls fn(begin, bytes) for each run of [offset, offset + length) that must be in the arena:
-  // all of it, or with a ready stage map only the partitions it marks.
+  // Calls fn(begin, bytes) for each run of [offset, offset + length) that goes through the
+  // arena: all of it, or with a ready stage map only the partitions it marks (the rest the NIC
+  // reads from, and writes into, GPU memory). Adds the bytes of each kind to the counters;
+  // true when the map was used.
   template <typename Fn>
-  void ForEachStagedPiece(const Tensor& t, uint64_t offset, uint64_t length, Fn&& fn);
+  bool ForEachStagedPiece(const Tensor& t, uint64_t offset, uint64_t length, uint64_t* staged,
+                          uint64_t* direct, Fn&& fn);
 
   const CudaDriver& cuda_;
   cu::Context context_;
@@ -151,7 +157,8 @@ class DeviceStaging {
   std::vector<Slot> slots_;                    // FIFO of completions held for their copies
   size_t head_ = 0, count_ = 0;
   std::string last_error_;
-  uint64_t staged_bytes_ = 0, direct_bytes_ = 0;
+  uint64_t staged_bytes_ = 0, direct_bytes_ = 0;               // the poster's
+  uint64_t copied_back_bytes_ = 0, written_direct_bytes_ = 0;  // the poller's
 };
 
 }  // namespace gradlane::client

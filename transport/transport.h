@@ -120,8 +120,9 @@ struct SendSpec {
   sched::Direction direction = sched::Direction::kPush;
   RegionId region = kNoRegion;  // payload = region base + region_offset, `length` bytes
   uint64_t region_offset = 0;
-  uint64_t cookie = 0;   // opaque to the transport; returned in the completion
-  uint8_t schedule = 0;  // the sending policy's Decision(), carried in the flags' high byte
+  uint64_t cookie = 0;           // opaque to the transport; returned in the completion
+  uint8_t schedule = 0;          // the sending policy's Decision(), carried in the flags' high byte
+  uint16_t gpudirect_flags = 0;  // kFlagDeviceResult / kFlagRendezvous (transport/wire.h)
 };
 
 // A memory region a backend may send from or receive into; backends keep a table of these
@@ -162,7 +163,8 @@ inline FrameHeader MakeDataHeader(uint64_t job_id, uint16_t sender_rank, const S
   h.priority = spec.priority;
   h.dtype = static_cast<uint8_t>(spec.dtype);
   h.direction = static_cast<uint8_t>(spec.direction);
-  h.flags = static_cast<uint16_t>(spec.schedule << kFlagScheduleShift);
+  h.flags = static_cast<uint16_t>(spec.schedule << kFlagScheduleShift) |
+            static_cast<uint16_t>(spec.gpudirect_flags & kFlagsGpuDirect);
   return h;
 }
 
@@ -395,9 +397,10 @@ class Transport {
   virtual absl::StatusOr<RegionId> RegisterRegion_st(void* base, uint64_t bytes) = 0;
   virtual absl::Status UnregisterRegion_st(RegionId region) = 0;
   // GPUDirect: registers the first `bytes` of the dma-buf `dmabuf_fd` (GPU memory a client
-  // exported) with the NIC, addressed as [iova, iova + bytes). The region is a send source
-  // like any other, read by the NIC alone: the CPU never touches it, so it must never be a
-  // receive target, and only backends whose payloads never pass through the CPU take it.
+  // exported) with the NIC, addressed as [iova, iova + bytes). The region is a send source and
+  // a receive target like any other, but only the NIC may touch it: the CPU never does, so a
+  // segment into it must come by rendezvous (the sender sets kFlagRendezvous), and only
+  // backends whose payloads never pass through the CPU take it.
   // Unimplemented for those that cannot (TCP, DPDK); the device's refusal otherwise (a NIC or
   // GPU driver without dma-buf support). Released with UnregisterRegion_st; the backend holds
   // its own reference to the dma-buf, so the caller may close `dmabuf_fd` at once.

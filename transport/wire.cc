@@ -69,7 +69,7 @@ WireError CheckHeader(const FrameHeader& h, uint64_t max_data_bytes) {
   if ((h.flags & ~kKnownFlags) != 0) return WireError::kUnknownFlags;
   const FrameType type = TypeOf(h);
   if ((h.flags & kFlagAckRejected) != 0 && type != FrameType::kAck) return WireError::kUnknownFlags;
-  if ((h.flags & kFlagScheduleMask) != 0 && type != FrameType::kData) {
+  if ((h.flags & (kFlagScheduleMask | kFlagsGpuDirect)) != 0 && type != FrameType::kData) {
     return WireError::kUnknownFlags;
   }
   switch (type) {

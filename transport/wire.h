@@ -36,7 +36,8 @@ inline constexpr uint32_t kFrameMagic = 0x464E4C47u;
 // Bumped on any incompatible change; peers must match exactly (no negotiation in v1).
 // 3: gradlane's candidates 5 and 6 (the rules with another window); a version-2 follower
 // would ignore rank 0's choice of them and run another schedule than the rest of the job.
-inline constexpr uint8_t kProtocolVersion = 3;
+// 4: the GPUDirect flags of kData frames (kFlagDeviceResult, kFlagRendezvous).
+inline constexpr uint8_t kProtocolVersion = 4;
 
 enum class FrameType : uint8_t {
   kHello = 1,    // dialer → acceptor: job, rank, auth token (HelloBody)
@@ -59,7 +60,15 @@ inline constexpr uint16_t kFlagAckRejected = 1u << 0;
 // sched/policies/gradlane_selector.h). 0 on every other type.
 inline constexpr int kFlagScheduleShift = 8;
 inline constexpr uint16_t kFlagScheduleMask = 0xff00;
-inline constexpr uint16_t kKnownFlags = kFlagAckRejected | kFlagScheduleMask;
+// GPUDirect (kData only, version 4), set only where a client has attached GPU memory.
+// kFlagDeviceResult (a push): the sender's result for these bytes lands in GPU memory, which
+// the CPU cannot write: the pull response must come by rendezvous.
+inline constexpr uint16_t kFlagDeviceResult = 1u << 1;
+// kFlagRendezvous: sent by rendezvous whatever its size (its target is GPU memory). Only the
+// verbs backend acts on it; a receiver that finds such a small segment accepts it.
+inline constexpr uint16_t kFlagRendezvous = 1u << 2;
+inline constexpr uint16_t kFlagsGpuDirect = kFlagDeviceResult | kFlagRendezvous;
+inline constexpr uint16_t kKnownFlags = kFlagAckRejected | kFlagScheduleMask | kFlagsGpuDirect;
 
 // The frame header. Field meaning per type is in docs/protocol.md; for kData/kAck the segment
 // fields mirror sched::Segment.

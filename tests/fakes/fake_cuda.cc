@@ -104,7 +104,7 @@ struct State {
     uint64_t mapped;
   };
   bool dmabuf = true;
-  uint64_t dmabuf_exports = 0;
+  uint64_t dmabuf_exports = 0, gpudirect_flushes = 0;
   std::map<DevicePtr, Alloc> allocs;
   Context context;
   uint64_t copies_to_host = 0, copies_to_device = 0, bytes_to_host = 0, bytes_to_device = 0;
@@ -217,6 +217,15 @@ Result cuDeviceGetAttribute(int* value, int attribute, int dev) {
   if (value == nullptr || dev != 0) return kInvalidValue;
   if (attribute != kDeviceAttrDmaBufSupported) return kInvalidValue;
   *value = s.dmabuf ? 1 : 0;
+  return kSuccess;
+}
+
+// Nothing to flush (the "NIC" writes the memfd the allocation is): counted.
+Result cuFlushGPUDirectRDMAWrites(int target, int scope) {
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  if (target != 0 || (scope != 100 && scope != 200)) return kInvalidValue;
+  ++s.gpudirect_flushes;
   return kSuccess;
 }
 
@@ -509,13 +518,13 @@ Result cuMemcpyDtoH_v2(void* dst, DevicePtr src, size_t n) {
 // ranges still registered).
 struct gradlane_fake_cuda_counts_t {
   uint64_t copies_to_host, bytes_to_host, copies_to_device, bytes_to_device;
-  uint64_t live_allocations, host_registered, dmabuf_exports;
+  uint64_t live_allocations, host_registered, dmabuf_exports, gpudirect_flushes;
 };
 void gradlane_fake_cuda_counts(gradlane_fake_cuda_counts_t* out) {
   State& s = S();
   std::lock_guard<std::mutex> l(s.mu);
   *out = {s.copies_to_host, s.bytes_to_host,   s.copies_to_device, s.bytes_to_device,
-          s.allocs.size(),  s.host_registered, s.dmabuf_exports};
+          s.allocs.size(),  s.host_registered, s.dmabuf_exports,   s.gpudirect_flushes};
 }
 
 }  // extern "C"

@@ -130,7 +130,7 @@ absl::Status FakeTransport::UnregisterRegion_st(RegionId region) {
 absl::StatusOr<RegionId> FakeTransport::RegisterDeviceRegion_st(int dmabuf_fd, uint64_t bytes,
                                                                 uint64_t /*iova*/) {
   if (bytes == 0) return absl::InvalidArgumentError("an empty dma-buf");
-  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, dmabuf_fd, 0);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, dmabuf_fd, 0);
   if (p == MAP_FAILED) {
     return absl::UnavailableError(
         absl::StrCat("mapping the dma-buf (fd ", dmabuf_fd, "): ", std::strerror(errno)));

@@ -50,7 +50,7 @@ put("dag", "tiny", json.dumps({"tensors": [{"name": "t", "bytes": 8}],
                                        {"name": "s", "kind": "send", "tensor": "t", "deps": ["c"]}]}))
 
 # ---- wire: transport/wire.h frames (little-endian, 64-byte header)
-MAGIC, VERSION = 0x464E4C47, 3
+MAGIC, VERSION = 0x464E4C47, 4
 
 
 def frame(ftype, payload=b"", flags=0, job=7, key=0, it=0, off=0, length=0, prio=0, rank=1,
@@ -68,6 +68,9 @@ put("wire", "reject", b"\x14" + frame(3, err_body))
 put("wire", "data-ack", b"\x14" + frame(4, b"abcdefgh", length=8, off=64, dtype=1, seq=5) +
     frame(5, length=8, off=64, seq=5) + frame(5, flags=1, length=8, seq=6))
 put("wire", "data-schedule", b"\x14" + frame(4, b"abcd", flags=0x9300, length=4, seq=1))
+# GPUDirect (version 4): a push asking for its result by rendezvous, and a flagged pull.
+put("wire", "data-gpudirect", b"\x14" + frame(4, b"abcd", flags=0x9302, length=4, seq=1) +
+    frame(4, b"efgh", flags=0x0004, length=4, off=4, seq=2))
 put("wire", "goodbye", b"\x14" + frame(6, struct.pack("<II", 12, 3) + b"bye"))
 
 # ---- reliable: mode byte + records (tests/fuzz/reliable_fuzz.cc)

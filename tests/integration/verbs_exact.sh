@@ -11,7 +11,11 @@
 # (the segments never touch the TCP connections). After the W=3 jobs, daemon 0's `gradlanectl status`
 # and its /metrics must show the verbs backend on rxe0 and nonzero eager and rendezvous counters
 # both ways, no RNR and no refused registration (and the port's hw_counters where sysfs has them).
-#   verbs_exact.sh GRADLANED GRADLANE-CHECK [GRADLANECTL]
+# With the fake CUDA driver, a W=3 job of device tensors (GPUDirect): the daemons accept the
+# clients' dma-bufs, and the kernel's answer to ibv_reg_dmabuf_mr decides the rest — soft-RoCE has
+# no dma-buf memory regions, so each tensor must be counted staged, logged with the reason, and
+# still bit-exact (a kernel that registers them would count them registered instead).
+#   verbs_exact.sh GRADLANED GRADLANE-CHECK [GRADLANECTL [FAKE-CUDA-LIBRARY]]
 #                                               (inside the guest: tests/rxe/rxe-guest.sh -- ...)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,6 +23,7 @@ source "$here/netns.sh"
 source "$here/common.sh"
 it_init "$1" "$2"
 CTL=${3:-}
+FAKE_CUDA=${4:-}
 if ! ibv_devices 2>/dev/null | grep -q rxe; then
   echo "SKIP: no RDMA device (run it through tests/rxe/rxe-guest.sh)"
   exit 77
@@ -131,6 +136,24 @@ for p in bad: print("  missing or wrong:", p, value(p))
 sys.exit(1 if bad else 0)
 PY
 echo "daemon 0: gradlanectl and /metrics show the verbs backend on rxe0 and its RDMA counters"
+
+if [[ -n $FAKE_CUDA ]]; then
+  t0=$SECONDS
+  export GRADLANE_CUDA_LIBRARY=$FAKE_CUDA IT_CHECK_EXTRA=--device=cuda
+  it_job_start v3-device gradlane 2 311 -- --quiet "${sizes[@]}"
+  it_job_wait v3-device 200 || it_fail "W=3 device tensors over verbs: a rank failed (above)"
+  unset GRADLANE_CUDA_LIBRARY IT_CHECK_EXTRA
+  python3 - "$metrics" <<'PY' || it_fail "GPUDirect: daemon 0 did not count its device tensors (above)"
+import re, sys, urllib.request
+text = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics", timeout=10).read().decode()
+got = {m.group(1): float(m.group(2)) for m in
+       re.finditer(r'^gradlane_gpudirect_tensors_total\{result="(\w+)"\} (\S+)$', text, re.M)}
+print("  gradlane_gpudirect_tensors_total:", got)
+sys.exit(0 if got.get("staged", 0) + got.get("registered", 0) >= 6 else 1)
+PY
+  grep -m1 "staged through shared memory" "$GL_TMP/daemon0.err" || true
+  echo "W=3 device tensors (fake CUDA): bit-exact over verbs, GPU memory offered to the NIC ($((SECONDS - t0)) s)"
+fi
 
 it_job_start doomed gradlane 100000 21 -- --expect_failure "${sizes[@]}"
 gl_wait_line "$GL_TMP/doomed.r0.out" 'iteration 1 ok' 200 "${GL_PID[doomed.r0]}" ||

@@ -121,6 +121,10 @@ if ((selftest)); then
 fi
 
 # ---- kernel: apt-get download + dpkg-deb -x, once ------------------------------------------
+# Several guests may start at once (meson runs the rxe tests in parallel): one fetches the
+# kernel while the others wait for it, and each builds its own initramfs and console log below.
+exec {cache_lock}>"$workdir/cache.lock"
+flock "$cache_lock"
 if [[ ! -f $cache/kernel.ready ]]; then
   rm -rf "$cache/debs"; mkdir -p "$cache/debs"
   echo "rxe-guest: fetching linux-image-amd64 into $cache (once)"
@@ -141,6 +145,7 @@ if [[ ! -f $cache/kernel.ready ]]; then
   rm -f "$cache"/debs/*.deb   # the unpacked tree is what is reused
   echo "$kver" >"$cache/kernel.ready"
 fi
+flock -u "$cache_lock"
 kver=$(cat "$cache/kernel.ready")
 kroot=$cache/kernel
 vmlinuz=$kroot/boot/vmlinuz-$kver
@@ -176,7 +181,9 @@ add_module() {
 }
 for m in "${wanted[@]}"; do add_module "$m"; done
 
-stage=$workdir/initramfs
+stage=$workdir/initramfs.$$
+initrd=$workdir/initramfs.$$.cpio.gz
+trap 'rm -rf "$stage" "$initrd"' EXIT
 rm -rf "$stage"
 mkdir -p "$stage"/{bin,dev,proc,sys,run,tmp,modules,lower,rw,newroot,rxe}
 cp /bin/busybox "$stage/bin/busybox"
@@ -277,7 +284,6 @@ sleep 5
 EOF
 chmod +x "$stage/init"
 
-initrd=$workdir/initramfs.cpio.gz
 cpio_create() { if command -v cpio >/dev/null; then cpio -o -H newc --quiet; else busybox cpio -o -H newc; fi; }
 (cd "$stage" && find . | sort | cpio_create 2>/dev/null) | gzip -1 >"$initrd"
 
@@ -289,7 +295,7 @@ qemu=(qemu-system-x86_64 -accel "$accel" -cpu max -smp "$smp" -m "$mem"
 if [[ $mode == virtfs ]]; then
   qemu+=(-virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
 fi
-log=$workdir/console.log
+log=$workdir/console.$$.log
 left=$((timeout_s - SECONDS))  # SECONDS: since the script started
 if ((left <= 0)); then
   echo "rxe-guest: TIMEOUT: ${timeout_s}s spent before the guest could boot" >&2

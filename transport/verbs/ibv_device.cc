@@ -229,9 +229,9 @@ absl::StatusOr<std::unique_ptr<IbvMemory>> IbvDevice::Register(void* base, uint6
 
 absl::StatusOr<std::unique_ptr<IbvMemory>> IbvDevice::RegisterDmabuf(int fd, uint64_t bytes,
                                                                      uint64_t iova) const {
-  // Local write too, as every region here: the NIC only reads it today, and a later receive
-  // target in GPU memory needs no second registration.
-  ibv_mr* mr = ibv_reg_dmabuf_mr(pd_, 0, bytes, iova, fd, IBV_ACCESS_LOCAL_WRITE);
+  // Remote write: pulled results are written straight into it by the shard's NIC.
+  ibv_mr* mr =
+      ibv_reg_dmabuf_mr(pd_, 0, bytes, iova, fd, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (mr == nullptr) {
     const int err = errno;
     registrations_.registration_failures.Add(1);

@@ -99,10 +99,10 @@ class IbvDevice {
   // to raise it (RegistrationErrorText).
   absl::StatusOr<std::unique_ptr<IbvMemory>> Register(void* base, uint64_t bytes,
                                                       bool remote_write) const;
-  // GPUDirect: registers the first `bytes` of the dma-buf `fd` (ibv_reg_dmabuf_mr) for local
-  // reads by the NIC, addressed from `iova`. Counted like Register. Unavailable with errno's
-  // text when the device or the kernel refuses (no dma-buf support: soft-RoCE, a NIC driver
-  // without it, an fd that is not a dma-buf).
+  // GPUDirect: registers the first `bytes` of the dma-buf `fd` (ibv_reg_dmabuf_mr) for the
+  // NIC's reads and for remote writes, addressed from `iova`. Counted like Register. Unavailable
+  // with errno's text when the device or the kernel refuses (no dma-buf support: soft-RoCE, a NIC
+  // driver without it, an fd that is not a dma-buf).
   absl::StatusOr<std::unique_ptr<IbvMemory>> RegisterDmabuf(int fd, uint64_t bytes,
                                                             uint64_t iova) const;
   // What is registered now, and the refusals so far; any thread.

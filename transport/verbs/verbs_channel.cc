@@ -132,7 +132,8 @@ absl::Status VerbsSender::Post(const OutgoingSegment& segment) {
   p = Pending{};
   p.segment = segment;
   p.segment.header.seq = static_cast<uint32_t>(next_seq_);
-  p.eager = segment.header.length <= limits_.eager_max_bytes();
+  p.eager = segment.header.length <= limits_.eager_max_bytes() &&
+            (segment.header.flags & kFlagRendezvous) == 0;
   ++next_seq_;
   PostReady();
   return absl::OkStatus();
@@ -441,7 +442,7 @@ void VerbsReceiver::OnReceive(const Completion& c) {
   const bool eager = payload == h.length;
   if (static_cast<FrameType>(h.type) != FrameType::kData ||
       h.seq != static_cast<uint32_t>(expected_seq_) || (!eager && payload != 0) ||
-      (!eager && h.length <= limits_.eager_max_bytes())) {
+      (!eager && h.length <= limits_.eager_max_bytes() && (h.flags & kFlagRendezvous) == 0)) {
     return Fail(absl::DataLossError(absl::StrCat(
         "verbs: unexpected frame (type ", h.type, ", seq ", h.seq, ", ", payload,
         " payload bytes of ", h.length, ") where segment ", expected_seq_, " was due")));
@@ -454,6 +455,11 @@ void VerbsReceiver::OnReceive(const Completion& c) {
     peer_.frames_received.Add_st(1);
     events_.OnSegmentRefused_st(h);
     return QueueReply(seq, ReplyKind::kRefuse, 0, 0);
+  }
+  if (eager && !target.cpu_writable && payload > 0) {
+    // A sender that ignored kFlagRendezvous: the CPU cannot place it in GPU memory.
+    return Fail(absl::DataLossError(absl::StrCat(
+        "verbs: segment ", seq, " came eagerly for a target in GPU memory (want rendezvous)")));
   }
   if (eager) {
     if (payload > 0) std::memcpy(target.local, slot + kFrameHeaderBytes, payload);

@@ -205,6 +205,8 @@ struct SegmentTarget {
   uint64_t remote_addr = 0;  // rendezvous: the sender writes here (the same bytes, registered)
   uint32_t rkey = 0;
   uint64_t cookie = 0;
+  // False for GPU memory: only the NIC writes it, so an eager payload cannot be placed there.
+  bool cpu_writable = true;
 };
 
 class ReceiverEvents {

@@ -66,7 +66,8 @@ class VerbsTransport::ReceiverSink final : public ReceiverEvents {
   SegmentTarget ResolveSegment_st(const FrameHeader& h) override {
     RecvTarget target = t_.handler_->ResolveRecv_st(c_.info, h);
     const std::optional<uint8_t*> at = t_.regions_.ResolveRecv(target, h.length);
-    if (!at.has_value() || (h.length > 0 && !t_.region_keys_[target.region].registered)) {
+    const RegionMemory* m = at.has_value() ? &t_.region_keys_[target.region] : nullptr;
+    if (m == nullptr || (h.length > 0 && !m->registered && m->device_mr == nullptr)) {
       return SegmentTarget{};
     }
     target.by_piece = false;  // this backend places whole payloads
@@ -75,8 +76,9 @@ class VerbsTransport::ReceiverSink final : public ReceiverEvents {
     s.accept = true;
     s.local = *at;
     s.remote_addr = reinterpret_cast<uint64_t>(*at);
-    s.rkey = h.length > 0 ? t_.region_keys_[target.region].keys.rkey : 0;
+    s.rkey = h.length > 0 ? m->keys.rkey : 0;
     s.cookie = h.seq;
+    s.cpu_writable = m->device_mr == nullptr;
     return s;
   }
   void OnSegmentPlaced_st(const FrameHeader& h, const SegmentTarget&) override {

@@ -1745,7 +1745,7 @@ TEST(EngineTcpTest, DialAbandonedMidHandshakeIsRetriedNotFatal) {
 
 struct FakeCudaCounts {
   uint64_t copies_to_host, bytes_to_host, copies_to_device, bytes_to_device;
-  uint64_t live_allocations, host_registered, dmabuf_exports;
+  uint64_t live_allocations, host_registered, dmabuf_exports, gpudirect_flushes;
 };
 
 FakeCudaCounts FakeCounts() {
@@ -1931,6 +1931,13 @@ TEST(EngineGpuDirectTest, PushesGoStraightFromGpuMemoryAndOnlyTheLocalShardIsSta
   }
   // What the client copied from the GPU is exactly what it says it staged.
   EXPECT_EQ(after.bytes_to_host - before.bytes_to_host, staged);
+  // Results: the other shards' NICs wrote theirs into GPU memory; only the local shard's were
+  // copied back (every completion came after the map, so less than what was staged, which
+  // includes the first iteration whole), and the writes were flushed before each hand-out.
+  const uint64_t copied_back = after.bytes_to_device - before.bytes_to_device;
+  EXPECT_GT(copied_back, 0u);
+  EXPECT_LT(copied_back, staged);
+  EXPECT_GT(after.gpudirect_flushes, before.gpudirect_flushes);
 }
 
 // A transport that cannot send from GPU memory (the default RegisterDeviceRegion_st, as TCP and

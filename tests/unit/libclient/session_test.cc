@@ -1190,7 +1190,7 @@ using client::cu::DevicePtr;
 
 struct FakeCudaCounts {
   uint64_t copies_to_host, bytes_to_host, copies_to_device, bytes_to_device;
-  uint64_t live_allocations, host_registered, dmabuf_exports;
+  uint64_t live_allocations, host_registered, dmabuf_exports, gpudirect_flushes;
 };
 
 const CudaDriver* Cuda() {

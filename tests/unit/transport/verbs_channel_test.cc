@@ -40,6 +40,7 @@ struct ReceiverLog : ReceiverEvents {
   uint32_t destination_rkey = 0;
   std::vector<uint64_t> refuse_keys;
   std::vector<uint64_t> placed_keys;
+  bool cpu_writable = true;  // false: the destination stands for GPU memory
   int downs = 0;
   absl::Status down_status;
   SegmentTarget ResolveSegment_st(const FrameHeader& h) override {
@@ -52,6 +53,7 @@ struct ReceiverLog : ReceiverEvents {
     t.remote_addr = reinterpret_cast<uint64_t>(destination + h.offset);
     t.rkey = destination_rkey;
     t.cookie = h.key;
+    t.cpu_writable = cpu_writable;
     return t;
   }
   void OnSegmentPlaced_st(const FrameHeader& h, const SegmentTarget& t) override {
@@ -104,9 +106,10 @@ class Link {
     }
   }
 
-  absl::Status Post(uint64_t key, uint64_t offset, uint64_t length) {
+  absl::Status Post(uint64_t key, uint64_t offset, uint64_t length, uint16_t flags = 0) {
     OutgoingSegment s;
     s.header = MakeHeader(FrameType::kData, 7, 1);
+    s.header.flags = flags;
     s.header.key = key;
     s.header.offset = offset;
     s.header.length = length;
@@ -286,6 +289,39 @@ TEST(VerbsChannelTest, EagerAndRendezvousSegmentsArriveBitExactAndCompleteInOrde
   EXPECT_EQ(link.nic_.rnr_errors(), 0u);
   EXPECT_EQ(link.sender_log_.downs, 0);
   EXPECT_EQ(link.sender_->pending(), 0u);
+}
+
+// GPUDirect: a segment whose target is GPU memory comes by rendezvous whatever its size (the
+// receiver cannot copy into it), and one that comes eagerly anyway fails the connection rather
+// than letting the CPU write through the NIC's address.
+TEST(VerbsChannelTest, SegmentsFlaggedRendezvousGoByWriteWhateverTheirSize) {
+  Link link(SmallLimits(), 1 << 16);
+  link.receiver_log_.cpu_writable = false;
+  const std::vector<uint64_t> sizes = {1, 255, 8, 256, 3, 4096};
+  uint64_t offset = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(link.Post(i, offset, sizes[i], kFlagRendezvous).ok());
+    offset += sizes[i];
+  }
+  link.Settle();
+  EXPECT_EQ(link.sender_log_.acked.size(), sizes.size());
+  EXPECT_TRUE(link.SameBytes(0, offset));
+  EXPECT_EQ(link.sender_->eager_sent(), 0u);
+  EXPECT_EQ(link.sender_->rendezvous_sent(), sizes.size());
+  EXPECT_EQ(link.receiver_log_.downs, 0);
+  EXPECT_EQ(link.nic_.rnr_errors(), 0u);
+}
+
+TEST(VerbsChannelTest, AnEagerSegmentForGpuMemoryFailsTheReceiver) {
+  Link link(SmallLimits(), 4096);
+  link.receiver_log_.cpu_writable = false;
+  ASSERT_TRUE(link.Post(1, 0, 8).ok());  // no kFlagRendezvous: eager
+  link.Settle();
+  EXPECT_EQ(link.receiver_log_.downs, 1);
+  EXPECT_NE(link.receiver_log_.down_status.message().find("GPU memory"), std::string::npos)
+      << link.receiver_log_.down_status;
+  EXPECT_TRUE(link.receiver_log_.placed_keys.empty());
+  EXPECT_EQ(link.destination_[0], 0);
 }
 
 TEST(VerbsChannelTest, CreditsAreThePostedReceivesNeverAnRnr) {

@@ -110,6 +110,18 @@ TEST(WireCheck, DataFramesCarryTheSchedulingDecision) {
   EXPECT_EQ(MakeAckHeader(h, 4, false).flags, 0);
 }
 
+TEST(WireCheck, DataFramesCarryTheGpuDirectFlagsBesideTheDecision) {
+  SendSpec spec;
+  spec.length = 64;
+  spec.schedule = 0x93;
+  spec.gpudirect_flags =
+      kFlagDeviceResult | kFlagRendezvous | kFlagAckRejected;  // the last: not ours
+  const FrameHeader h = MakeDataHeader(7, 2, spec);
+  EXPECT_EQ(h.flags, 0x9300 | kFlagDeviceResult | kFlagRendezvous);
+  EXPECT_EQ(CheckHeader(h, 1 << 20), WireError::kNone);
+  EXPECT_EQ(MakeAckHeader(h, 4, false).flags, 0);
+}
+
 struct MalformedCase {
   const char* name;
   void (*mutate)(FrameHeader&);
@@ -134,6 +146,19 @@ TEST(WireCheck, EachMalformedClassHasItsOwnCode) {
        },
        WireError::kUnknownFlags},
       {"ack flag on data", [](FrameHeader& h) { h.flags = kFlagAckRejected; },
+       WireError::kUnknownFlags},
+      {"GPUDirect flag on an ack",
+       [](FrameHeader& h) {
+         h = MakeAckHeader(h, 1, false);
+         h.flags = kFlagRendezvous;
+       },
+       WireError::kUnknownFlags},
+      {"GPUDirect flag on a goodbye",
+       [](FrameHeader& h) {
+         h.type = 6;
+         h.payload_bytes = 0;
+         h.flags = kFlagDeviceResult;
+       },
        WireError::kUnknownFlags},
       {"too long", [](FrameHeader& h) { h.length = h.payload_bytes = (1 << 20) + 1; },
        WireError::kTooLong},
