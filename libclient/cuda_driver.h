@@ -50,6 +50,12 @@ using FlushScope = CUflushGPUDirectRDMAWritesScope;
 inline constexpr FlushTarget kFlushTargetCurrentContext =
     CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX;
 inline constexpr FlushScope kFlushToOwner = CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER;
+inline constexpr DeviceAttribute kDeviceRdmaFlushOptions =
+    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS;
+inline constexpr DeviceAttribute kDeviceRdmaWritesOrdering =
+    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING;
+inline constexpr int kFlushOptionHost = CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST;
+inline constexpr int kWritesOrderingOwner = CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER;
 inline constexpr Result kSuccess = CUDA_SUCCESS;
 inline constexpr Result kErrorNotReady = CUDA_ERROR_NOT_READY;
 inline constexpr Result kErrorInvalidValue = CUDA_ERROR_INVALID_VALUE;
@@ -80,6 +86,10 @@ using FlushTarget = int;
 using FlushScope = int;
 inline constexpr FlushTarget kFlushTargetCurrentContext = 0;
 inline constexpr FlushScope kFlushToOwner = 100;
+inline constexpr DeviceAttribute kDeviceRdmaFlushOptions = 117;
+inline constexpr DeviceAttribute kDeviceRdmaWritesOrdering = 118;
+inline constexpr int kFlushOptionHost = 1;
+inline constexpr int kWritesOrderingOwner = 100;
 inline constexpr Result kSuccess = 0;
 inline constexpr Result kErrorNotReady = 600;
 inline constexpr Result kErrorInvalidValue = 1;

@@ -115,27 +115,26 @@ bool DeviceStaging::IsDirect(uint32_t id) const {
 }
 
 template <typename Fn>
-bool DeviceStaging::ForEachStagedPiece(const Tensor& t, uint64_t offset, uint64_t length,
-                                       uint64_t* staged, uint64_t* direct_bytes, Fn&& fn) {
-  // The map is the daemon's, in shared memory: read once it says ready, and trusted only as far
-  // as it keeps the copies inside the tensor (a broken map makes us stage all or too little of
-  // our own data, never touch anything else).
+DeviceStaging::Staging DeviceStaging::ForEachStagedPiece(const Tensor& t, uint64_t offset,
+                                                         uint64_t length, uint64_t* staged,
+                                                         uint64_t* direct_bytes, Fn&& fn) {
+  // The map is the daemon's, in shared memory, written once before `ready`. One that does not
+  // describe this tensor copies nothing: staging or copying back whole ranges would be wrong
+  // too once the daemon sends from and writes into GPU memory, so the caller fails instead.
   const gl_stage_map* m = t.map;
   bool direct =
       m != nullptr &&
       std::atomic_ref<uint32_t>(const_cast<uint32_t&>(m->ready)).load(std::memory_order_acquire) ==
           1;
-  uint64_t part = 0;
-  uint32_t parts = 0;
-  if (direct) {
-    part = m->partition_bytes;
-    parts = m->num_partitions;
-    direct = part > 0 && parts <= t.map_bits && (t.bytes + part - 1) / part == parts;
-  }
   if (!direct) {
     fn(offset, length);
     *staged += length;
-    return false;
+    return Staging::kWhole;
+  }
+  const uint64_t part = m->partition_bytes;
+  const uint32_t parts = m->num_partitions;
+  if (part == 0 || parts > t.map_bits || (t.bytes - 1) / part + 1 != parts) {
+    return Staging::kBrokenMap;
   }
   const auto* bits = reinterpret_cast<const uint8_t*>(m) + sizeof(gl_stage_map);
   const uint64_t end = offset + length;
@@ -156,7 +155,7 @@ bool DeviceStaging::ForEachStagedPiece(const Tensor& t, uint64_t offset, uint64_
     *staged += e - b;
   }
   if (run_end != run_begin) fn(run_begin, run_end - run_begin);
-  return true;
+  return Staging::kByMap;
 }
 
 absl::Status DeviceStaging::StageIn(uint32_t id, uint64_t offset, uint64_t length,
@@ -183,12 +182,16 @@ absl::Status DeviceStaging::StageIn(uint32_t id, uint64_t offset, uint64_t lengt
   // still waited for, so the call's timing does not depend on the range.
   const bool in_range = length != 0 && offset <= t.bytes && length <= t.bytes - offset;
   if (in_range) {
-    ForEachStagedPiece(
+    const Staging how = ForEachStagedPiece(
         t, offset, length, &staged_bytes_, &direct_bytes_, [&](uint64_t begin, uint64_t bytes) {
           if (r == cu::kSuccess) {
             r = cuda_.MemcpyDtoHAsync(t.staging + begin, t.device + begin, bytes, stream);
           }
         });
+    if (how == Staging::kBrokenMap) {
+      return absl::InternalError(
+          absl::StrCat("the daemon's stage map of tensor ", id, " does not describe it"));
+    }
   }
   // Also with nothing to copy (GPUDirect): the NIC reads the bytes once the post is in, so the
   // work that computes them must be finished first.
@@ -224,7 +227,7 @@ void DeviceStaging::Accept(const gl_cqe& e) {
   bool copied = false;
   // GPUDirect: the other shards' results are in GPU memory already (their NICs wrote them);
   // only what this host's shard reduced is copied, or stale arena bytes would overwrite them.
-  const bool direct = ForEachStagedPiece(
+  const Staging how = ForEachStagedPiece(
       t, begin, length, &copied_back_bytes_, &written_direct_bytes_,
       [&](uint64_t from, uint64_t bytes) {
         if (r == cu::kSuccess) {
@@ -232,7 +235,12 @@ void DeviceStaging::Accept(const gl_cqe& e) {
         }
         copied = true;
       });
-  if (direct && r == cu::kSuccess && cuda_.FlushGPUDirectRDMAWrites != nullptr) {
+  if (how == Staging::kBrokenMap) {
+    FailSlot(s, absl::StrCat("the daemon's stage map of tensor ", e.tensor_id,
+                             " does not describe it"));
+    return;
+  }
+  if (how == Staging::kByMap && r == cu::kSuccess && flush_nic_writes_) {
     // The NIC's writes visible to the work the caller issues after the completion.
     r = cuda_.FlushGPUDirectRDMAWrites(cu::kFlushTargetCurrentContext, cu::kFlushToOwner);
   }

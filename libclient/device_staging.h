@@ -89,6 +89,9 @@ class DeviceStaging {
       tensors_[id].map_bits = map_bits;
     }
   }
+  // Control: the GPU needs cuFlushGPUDirectRDMAWrites before it may read what a NIC wrote
+  // (it does not order those writes itself).
+  void set_flush_nic_writes(bool flush) { flush_nic_writes_ = flush; }
   // The daemon has published the tensor's map (any thread).
   bool IsDirect(uint32_t id) const;
   // Bytes StageIn copied, and bytes it left to the NIC to read from GPU memory (poster's).
@@ -139,12 +142,13 @@ class DeviceStaging {
   DeviceStaging(const CudaDriver& cuda, cu::Context context) : cuda_(cuda), context_(context) {}
   void FailSlot(Slot& s, const std::string& why);
   // Calls fn(begin, bytes) for each run of [offset, offset + length) that goes through the
-  // arena: all of it, or with a ready stage map only the partitions it marks (the rest the NIC
-  // reads from, and writes into, GPU memory). Adds the bytes of each kind to the counters;
-  // true when the map was used.
+  // arena: all of it (kWhole), or with a ready stage map only the partitions it marks (kByMap;
+  // the rest the NIC reads from, and writes into, GPU memory). Adds the bytes of each kind to
+  // the counters. kBrokenMap: a ready map that does not fit the tensor, nothing called.
+  enum class Staging { kWhole, kByMap, kBrokenMap };
   template <typename Fn>
-  bool ForEachStagedPiece(const Tensor& t, uint64_t offset, uint64_t length, uint64_t* staged,
-                          uint64_t* direct, Fn&& fn);
+  Staging ForEachStagedPiece(const Tensor& t, uint64_t offset, uint64_t length, uint64_t* staged,
+                             uint64_t* direct, Fn&& fn);
 
   const CudaDriver& cuda_;
   cu::Context context_;
@@ -159,6 +163,7 @@ class DeviceStaging {
   std::string last_error_;
   uint64_t staged_bytes_ = 0, direct_bytes_ = 0;               // the poster's
   uint64_t copied_back_bytes_ = 0, written_direct_bytes_ = 0;  // the poller's
+  bool flush_nic_writes_ = false;
 };
 
 }  // namespace gradlane::client

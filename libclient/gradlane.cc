@@ -68,7 +68,8 @@ struct gl_client {
   // GPUDirect: why the last device tensor is staged whole ("" if it was attached), and whether
   // the device can export dma-bufs at all (-1: not probed yet).
   std::string gpudirect_note;
-  int dmabuf_supported = -1;
+  int dmabuf_supported = -1;  // 1 yes, 0 no dma-buf, 2 NIC writes neither ordered nor flushable
+  bool flush_nic_writes = false;
 };
 
 namespace {
@@ -456,16 +457,26 @@ int OfferDeviceMemory(gl_client* c, const gradlane::client::CudaDriver& cuda, ui
     return GL_OK;
   }
   if (c->dmabuf_supported < 0) {  // probed once per client, as NCCL does per process
-    int ordinal = -1, supported = 0;
+    int ordinal = -1, supported = 0, ordering = 0, flush_options = 0;
     cu::Device dev{};
-    c->dmabuf_supported =
+    const bool dmabuf =
         cuda.PointerGetAttribute(&ordinal, cu::kPointerDeviceOrdinal, device) == cu::kSuccess &&
-                cuda.DeviceGet(&dev, ordinal) == cu::kSuccess &&
-                cuda.DeviceGetAttribute(&supported, cu::kDeviceDmaBufSupported, dev) ==
-                    cu::kSuccess &&
-                supported == 1
-            ? 1
-            : 0;
+        cuda.DeviceGet(&dev, ordinal) == cu::kSuccess &&
+        cuda.DeviceGetAttribute(&supported, cu::kDeviceDmaBufSupported, dev) == cu::kSuccess &&
+        supported == 1;
+    // The results a NIC writes must be visible to the caller's next kernel: either the GPU
+    // orders those writes itself, or it offers the flush (then done before each hand-out).
+    // One that does neither keeps its tensors staged.
+    if (cuda.DeviceGetAttribute(&ordering, cu::kDeviceRdmaWritesOrdering, dev) != cu::kSuccess) {
+      ordering = 0;
+    }
+    if (cuda.DeviceGetAttribute(&flush_options, cu::kDeviceRdmaFlushOptions, dev) != cu::kSuccess) {
+      flush_options = 0;
+    }
+    const bool ordered = ordering >= cu::kWritesOrderingOwner;
+    c->flush_nic_writes = !ordered && (flush_options & cu::kFlushOptionHost) != 0 &&
+                          cuda.FlushGPUDirectRDMAWrites != nullptr;
+    c->dmabuf_supported = dmabuf ? ((ordered || c->flush_nic_writes) ? 1 : 2) : 0;
   }
   int fd = -1;
   uint64_t start = 0, end = 0;
@@ -480,6 +491,11 @@ int OfferDeviceMemory(gl_client* c, const gradlane::client::CudaDriver& cuda, ui
   }
   cu::Context popped = nullptr;
   (void)cuda.CtxPopCurrent(&popped);
+  if (c->dmabuf_supported == 2) {
+    c->gpudirect_note =
+        "the GPU neither orders a NIC's writes nor offers cuFlushGPUDirectRDMAWrites";
+    return GL_OK;
+  }
   if (c->dmabuf_supported != 1) {
     c->gpudirect_note = "the GPU does not support dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)";
     return GL_OK;
@@ -501,6 +517,11 @@ int OfferDeviceMemory(gl_client* c, const gradlane::client::CudaDriver& cuda, ui
   const int one[1] = {dmabuf.get()};
   const int s = Request(c, &m, sizeof(m), m.header.request_id, &reply, one);
   if (c->disconnected.load(std::memory_order_acquire)) return s;
+  if (s == GL_E_TIMEOUT) {
+    // The daemon may still accept it, and would then write results into GPU memory that our
+    // copy back (of the whole range, without its map) would overwrite: the session must end.
+    return Disconnect(c, GL_E_TIMEOUT, "no reply to attaching a device tensor's GPU memory");
+  }
   if (s != GL_OK) {
     // Refused (a backend without GPUDirect, or a daemon that predates it): staged, no error.
     c->gpudirect_note = t_error;
@@ -512,9 +533,10 @@ int OfferDeviceMemory(gl_client* c, const gradlane::client::CudaDriver& cuda, ui
   const uint32_t bits = map != nullptr ? map->map_bits : 0;
   if (map == nullptr ||
       c->arena.At(reply.value0, sizeof(gl_stage_map) + (bits + 7) / 8) == nullptr) {
-    c->gpudirect_note = "the daemon placed the stage map outside the arena";
-    return GL_OK;
+    // Attached there but unusable here: the same disagreement as above.
+    return Disconnect(c, GL_E_PROTOCOL, "the daemon placed a stage map outside the arena");
   }
+  c->staging->set_flush_nic_writes(c->flush_nic_writes);
   c->staging->SetStageMap(id, map, bits);
   return GL_OK;
 }

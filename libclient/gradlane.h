@@ -92,9 +92,10 @@ int gl_register_tensor(gl_client* c, const char* name, uint64_t bytes, int dtype
  * `device_ptr` (cuMemAlloc, cudaMalloc, a CUDA tensor's data pointer), which must stay
  * allocated until gl_close. It is then posted and completed like any tensor, and the reduced
  * result lands in that device memory:
- * - gl_post copies the posted range to the daemon's shared memory before it returns. The copy
- *   is ordered after the work already issued to the legacy default stream (stream 0, PyTorch's
- *   default stream, cudaMemcpy): a gradient computed there needs no synchronize. One computed
+ * - gl_post copies the posted range to the daemon's shared memory before it returns — with
+ *   GPUDirect (below) only the part this host's own shard reduces. Either way it returns once
+ *   the work already issued to the legacy default stream (stream 0, PyTorch's default stream,
+ *   cudaMemcpy) has finished: a gradient computed there needs no synchronize. One computed
  *   on another stream must be finished first, or posted with gl_post_after.
  * - A completion of the tensor is handed out by gl_poll/gl_wait only once the result has been
  *   copied back into device memory. Completions keep the order the daemon gave them.
@@ -103,7 +104,13 @@ int gl_register_tensor(gl_client* c, const char* name, uint64_t bytes, int dtype
  * driver, no GPU, host memory, a range past the allocation, or device tensors of different CUDA
  * contexts on one client: GL_E_DEVICE or GL_E_INVALID_ARGUMENT with the reason in
  * gl_last_error. A copy that fails turns gl_post's return, or the completion's status, into
- * GL_E_DEVICE. Since GRADLANE_1.2. */
+ * GL_E_DEVICE.
+ * GPUDirect: where the GPU exports dma-bufs and the daemon's backend is RDMA verbs, the
+ * tensor's allocation is offered to the daemon, whose NIC then reads the pushes from, and
+ * writes other hosts' results into, GPU memory directly (parameter-server jobs; docs/gpu.md).
+ * Where anything refuses, the tensor is staged as above and this call still succeeds.
+ * GRADLANE_GPUDIRECT=0 turns it off. If the daemon does not answer the offer in time the
+ * session ends (GL_E_DISCONNECTED): it may have taken the memory. Since GRADLANE_1.2. */
 int gl_register_device_tensor(gl_client* c, const char* name, void* device_ptr, uint64_t bytes,
                               int dtype, int32_t priority, uint32_t* tensor_id);
 

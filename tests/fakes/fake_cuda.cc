@@ -62,6 +62,8 @@ constexpr int kAttrMemoryType = 2;
 constexpr int kAttrDeviceOrdinal = 9;
 constexpr int kAttrRangeStart = 11;
 constexpr int kDeviceAttrDmaBufSupported = 124;
+constexpr int kDeviceAttrRdmaFlushOptions = 117;
+constexpr int kDeviceAttrRdmaWritesOrdering = 118;
 constexpr int kRangeHandleDmaBufFd = 1;
 constexpr Result kNotSupported = 801;
 constexpr int kAttrRangeSize = 12;
@@ -215,9 +217,19 @@ Result cuDeviceGetAttribute(int* value, int attribute, int dev) {
   State& s = S();
   std::lock_guard<std::mutex> l(s.mu);
   if (value == nullptr || dev != 0) return kInvalidValue;
-  if (attribute != kDeviceAttrDmaBufSupported) return kInvalidValue;
-  *value = s.dmabuf ? 1 : 0;
-  return kSuccess;
+  switch (attribute) {
+    case kDeviceAttrDmaBufSupported:
+      *value = s.dmabuf ? 1 : 0;
+      return kSuccess;
+    case kDeviceAttrRdmaFlushOptions:  // cuFlushGPUDirectRDMAWrites offered (the HOST bit)
+      *value = 1;
+      return kSuccess;
+    case kDeviceAttrRdmaWritesOrdering:  // none: a NIC's writes need that flush
+      *value = 0;
+      return kSuccess;
+    default:
+      return kInvalidValue;
+  }
 }
 
 // Nothing to flush (the "NIC" writes the memfd the allocation is): counted.

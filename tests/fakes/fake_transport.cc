@@ -59,7 +59,7 @@ FakeTransport::FakeTransport(const TransportOptions& options, TransportHandler* 
 }
 
 FakeTransport::~FakeTransport() {
-  for (auto& [region, map] : device_maps_) ::munmap(map.first, map.second);
+  for (auto& [region, map] : device_maps_) ::munmap(map.host, map.bytes);
   network_->Kill(address_, /*silent=*/false);
   for (auto it = network_->endpoints_.begin(); it != network_->endpoints_.end();) {
     if (it->second == this) {
@@ -121,27 +121,35 @@ absl::StatusOr<RegionId> FakeTransport::RegisterRegion_st(void* base, uint64_t b
 absl::Status FakeTransport::UnregisterRegion_st(RegionId region) {
   if (absl::Status s = regions_.Unregister(region); !s.ok()) return s;
   if (auto it = device_maps_.find(region); it != device_maps_.end()) {
-    ::munmap(it->second.first, it->second.second);
+    ::munmap(it->second.host, it->second.bytes);
     device_maps_.erase(it);
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<RegionId> FakeTransport::RegisterDeviceRegion_st(int dmabuf_fd, uint64_t bytes,
-                                                                uint64_t /*iova*/) {
-  if (bytes == 0) return absl::InvalidArgumentError("an empty dma-buf");
+                                                                uint64_t iova) {
+  if (bytes == 0 || iova == 0) return absl::InvalidArgumentError("an empty or unplaced dma-buf");
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, dmabuf_fd, 0);
   if (p == MAP_FAILED) {
     return absl::UnavailableError(
         absl::StrCat("mapping the dma-buf (fd ", dmabuf_fd, "): ", std::strerror(errno)));
   }
-  absl::StatusOr<RegionId> id = regions_.Register(p, bytes);
+  // As the verbs backend does, the table holds the NIC's address (the iova, the client's device
+  // address: dereferencing it faults), and only this "NIC" translates it to the mapping.
+  absl::StatusOr<RegionId> id = regions_.Register(reinterpret_cast<void*>(iova), bytes);
   if (!id.ok()) {
     ::munmap(p, bytes);
     return id;
   }
-  device_maps_[*id] = {p, bytes};
+  device_maps_[*id] = DeviceMap{static_cast<uint8_t*>(p), bytes, iova};
   return id;
+}
+
+uint8_t* FakeTransport::NicAddress(RegionId region, const uint8_t* at) const {
+  auto it = device_maps_.find(region);
+  if (it == device_maps_.end()) return const_cast<uint8_t*>(at);
+  return it->second.host + (reinterpret_cast<uint64_t>(at) - it->second.iova);
 }
 
 // ---- data path --------------------------------------------------------------------------------
@@ -160,7 +168,7 @@ absl::Status FakeTransport::PostSend_st(PeerHandle peer, const SendSpec& spec) {
   PendingSend p;
   p.header = MakeDataHeader(job.job_id, job.local_rank, spec);
   p.header.seq = c->next_seq++;
-  p.payload = *payload;
+  p.payload = NicAddress(spec.region, *payload);
   p.cookie = spec.cookie;
   if (c->pending.empty()) c->restart_timer = true;
   c->pending.push_back(p);
@@ -355,7 +363,17 @@ void FakeTransport::Handle(Message& m, TimeNs now) {
 void FakeTransport::HandleData(Conn& c, Message& m, TimeNs now) {
   const RecvTarget t = handler_->ResolveRecv_st(InfoOf(c), m.header);
   if (c.state == State::kDown) return;  // the handler disconnected it (as TCP and DPDK do)
-  const std::optional<uint8_t*> dst = regions_.ResolveRecv(t, m.header.length);
+  std::optional<uint8_t*> dst = regions_.ResolveRecv(t, m.header.length);
+  if (dst.has_value() && device_maps_.contains(t.region)) {
+    // GPU memory: only a rendezvous write may land there (verbs cannot place an eager payload
+    // with the CPU), so a segment without kFlagRendezvous is refused, whatever its size.
+    if ((m.header.flags & kFlagRendezvous) == 0 || t.by_piece) {
+      dst.reset();
+      ++device_eager_refused_;
+    } else {
+      dst = NicAddress(t.region, *dst);
+    }
+  }
   if (dst.has_value()) {
     if (t.by_piece) {
       const uint64_t piece = network_->piece_bytes_ == 0 ? m.header.length : network_->piece_bytes_;

@@ -89,8 +89,10 @@ class FakeTransport final : public Transport {
   // Registers listen_address:listen_port (port 0: the network picks one). An address already
   // taken is FailedPrecondition ("already in use"), as with TCP.
   // Like a packet backend (see FakeNetwork::set_piece_bytes); virtual time, nothing to sleep on.
-  // GPU memory: a dma-buf is mapped and read by memcpy, as a NIC reads it by DMA (the tests'
-  // "dma-bufs" are the fake CUDA driver's memfds).
+  // GPU memory: a dma-buf is mapped and read and written by memcpy, as a NIC does by DMA (the
+  // tests' "dma-bufs" are the fake CUDA driver's memfds). As on verbs, the region's addresses
+  // are the iova (the client's device addresses, which fault if the CPU touches them), and a
+  // segment into one must carry kFlagRendezvous or is refused (device_eager_refused()).
   TransportCapabilities capabilities() const override { return {true, -1, true}; }
   std::string_view backend_name() const override { return "fake"; }
   absl::StatusOr<uint16_t> Listen_st() override;
@@ -105,8 +107,10 @@ class FakeTransport final : public Transport {
   absl::Status UnregisterRegion_st(RegionId region) override;
   absl::StatusOr<RegionId> RegisterDeviceRegion_st(int dmabuf_fd, uint64_t bytes,
                                                    uint64_t iova) override;
-  // Device regions registered now (tests check that a job releases its own).
+  // Device regions registered now, and segments refused for coming into one without
+  // kFlagRendezvous.
   size_t device_regions() const { return device_maps_.size(); }
+  uint64_t device_eager_refused() const { return device_eager_refused_; }
   absl::Status PostSend_st(PeerHandle peer, const SendSpec& spec) override;
   // Sends what is queued, handles inbox frames due by `now`, runs retries and timeouts.
   // wait_ms is ignored (virtual time never blocks). Returns frames handled.
@@ -176,8 +180,18 @@ class FakeTransport final : public Transport {
   JobTable jobs_;
   TimeNs now_ = 0;  // the latest time Progress_st or Connect_st was given
   RegionTable regions_;
-  // Device regions: their read-only mappings of the dma-buf, unmapped when unregistered.
-  absl::flat_hash_map<RegionId, std::pair<void*, uint64_t>> device_maps_;
+  // Device regions: the mapping of the dma-buf behind each iova range, unmapped when
+  // unregistered.
+  struct DeviceMap {
+    uint8_t* host = nullptr;
+    uint64_t bytes = 0;
+    uint64_t iova = 0;
+  };
+  absl::flat_hash_map<RegionId, DeviceMap> device_maps_;
+  uint64_t device_eager_refused_ = 0;
+  // The mapping behind `at` in device region `region` (what the NIC touches); `at` itself for
+  // any other region.
+  uint8_t* NicAddress(RegionId region, const uint8_t* at) const;
   std::deque<Message> inbox_;
   TransportCounters counters_;
   Completions report_{handler_, &counters_};

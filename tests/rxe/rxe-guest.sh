@@ -296,6 +296,7 @@ if [[ $mode == virtfs ]]; then
   qemu+=(-virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
 fi
 log=$workdir/console.$$.log
+find "$workdir" -maxdepth 1 -name 'console.*.log' -mmin +1440 -delete 2>/dev/null || true
 left=$((timeout_s - SECONDS))  # SECONDS: since the script started
 if ((left <= 0)); then
   echo "rxe-guest: TIMEOUT: ${timeout_s}s spent before the guest could boot" >&2

@@ -2028,7 +2028,7 @@ TEST(EngineGpuDirectTest, AttachRefusalsAreClearAndTheSessionGoesOn) {
   EXPECT_EQ(AttachRaw(c.c(), 0, 0, 1 << 20, one).status, GL_OK);
   r = AttachRaw(c.c(), 0, 0, 1 << 20, one);
   EXPECT_EQ(r.status, GL_E_ALREADY_EXISTS) << r.message;
-  // The job starts: tensor 0 goes from the "GPU memory" (the memfd: zeros), the others staged.
+  // The job starts (W = 1: nothing is sent, so the memfd is only registered, never read).
   const int n = c.Post(job, 0, 0, 1, job.tensors.size());
   EXPECT_EQ(c.Wait(n).size(), static_cast<size_t>(n));
   r = AttachRaw(c.c(), 1, 0, 1 << 20, one);
