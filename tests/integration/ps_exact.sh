@@ -33,13 +33,21 @@ for policy in ${IT_POLICIES:-fifo p3 bytescheduler prophet gradlane}; do
   it_job_wait "exact-$policy" 150 || it_fail "policy $policy: a rank failed (above)"
   echo "policy $policy: 3 ranks x $iters iterations bit-exact ($((SECONDS - t0)) s)"
 done
-folded=0
+folded=0 direct=0 staged=0
 for i in 0 1 2; do
   gl_daemon_alive "$i" || it_fail "daemon $i died"
   gl_daemon_stop "$i" || it_fail "daemon $i: exit status $? after SIGTERM (want 0)"
   line=$(grep -m1 'engine stats:' "$GL_TMP/daemon$i.err") || it_fail "daemon $i printed no engine stats line"
   [[ $line =~ rounds_folded=([0-9]+) ]] && folded=$((folded + BASH_REMATCH[1]))
+  [[ $line =~ \ device_tensors=([0-9]+) ]] && direct=$((direct + BASH_REMATCH[1]))
+  [[ $line =~ device_registrations_refused=([0-9]+) ]] && staged=$((staged + BASH_REMATCH[1]))
 done
+# IT_EXPECT_GPUDIRECT=1 (gpu_exact.sh on a host with a GPU and an RDMA NIC): the device tensors'
+# GPU memory must have been registered with the NIC, none refused.
+if [[ ${IT_EXPECT_GPUDIRECT:-0} == 1 ]]; then
+  ((direct > 0 && staged == 0)) || it_fail "GPUDirect: $direct device tensors registered, $staged refused (want all registered): $(grep -h 'staged through shared memory' "$GL_TMP"/daemon*.err | head -1)"
+  echo "GPUDirect: $direct device tensor registrations, pushes and pulls NIC <-> GPU memory"
+fi
 # A backend that hands packets over (DPDK) reduces pushes as they arrive: the runs above must
 # have taken that path, and were bit-exact. TCP places whole segments and never folds.
 if [[ ${GL_TRANSPORT:-tcp} == dpdk ]]; then

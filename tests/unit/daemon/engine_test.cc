@@ -20,6 +20,7 @@
 #include <deque>
 #include <functional>
 #include <future>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,6 +38,7 @@
 #include "libclient/gradlane_testing.h"
 #include "sched/policies/gradlane_selector.h"
 #include "shm/uds.h"
+#include "tests/fakes/fake_cuda_counts.h"
 #include "tests/fakes/fake_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/verbs/registration_cache.h"
@@ -431,6 +433,25 @@ std::vector<uint8_t> RingReference(const JobSpec& job, int64_t iter, size_t ti, 
   return out;
 }
 
+// Registers `job` for `rank` on `c` (peers: the job's, or the fake addresses h0:1, h1:1, ...).
+int RegisterJobFor(gl_client* c, const JobSpec& job, int rank, const std::string& token) {
+  std::vector<std::string> peers;
+  for (int r = 0; r < job.world; ++r) {
+    peers.push_back(job.peers.empty() ? Addr(r) : job.peers[r]);
+  }
+  std::vector<const char*> pp;
+  for (auto& p : peers) pp.push_back(p.c_str());
+  gl_job_info info{};
+  info.job_id = job.job_id.c_str();
+  info.rank = rank;
+  info.world_size = job.world;
+  info.peers = pp.data();
+  info.num_peers = job.world;
+  info.policy = job.policy.empty() ? nullptr : job.policy.c_str();
+  info.auth_token = token.c_str();
+  return gl_register_job_mode(c, &info, job.mode);
+}
+
 // One rank's client.
 class RankClient {
  public:
@@ -450,22 +471,7 @@ class RankClient {
     o.timeout_ms = 10000;
     int s = gl_connect(&o, &c_);
     if (s != GL_OK) return s;
-    std::vector<std::string> peers;
-    for (int r = 0; r < job.world; ++r) {
-      peers.push_back(job.peers.empty() ? Addr(r) : job.peers[r]);
-    }
-    std::vector<const char*> pp;
-    for (auto& p : peers) pp.push_back(p.c_str());
-    const std::string token = token_override.empty() ? job.token : token_override;
-    gl_job_info info{};
-    info.job_id = job.job_id.c_str();
-    info.rank = rank;
-    info.world_size = job.world;
-    info.peers = pp.data();
-    info.num_peers = job.world;
-    info.policy = job.policy.empty() ? nullptr : job.policy.c_str();
-    info.auth_token = token.c_str();
-    s = gl_register_job_mode(c_, &info, job.mode);
+    s = RegisterJobFor(c_, job, rank, token_override.empty() ? job.token : token_override);
     if (s != GL_OK) return s;
     for (const TensorDef& t : job.tensors) {
       uint32_t id = 0;
@@ -1743,22 +1749,12 @@ TEST(EngineTcpTest, DialAbandonedMidHandshakeIsRetriedNotFatal) {
 // not stage it, or a local contribution the client failed to stage, sums stale bytes and the
 // bit-exact check fails.
 
-struct FakeCudaCounts {
-  uint64_t copies_to_host, bytes_to_host, copies_to_device, bytes_to_device;
-  uint64_t live_allocations, host_registered, dmabuf_exports, gpudirect_flushes;
-};
+using fakes::FakeCudaCounts;
 
 FakeCudaCounts FakeCounts() {
   FakeCudaCounts out{};
-  const char* lib = std::getenv("GRADLANE_CUDA_LIBRARY");
-  void* h = lib == nullptr ? nullptr : ::dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
-  auto* fn =
-      h == nullptr
-          ? nullptr
-          : reinterpret_cast<void (*)(FakeCudaCounts*)>(::dlsym(h, "gradlane_fake_cuda_counts"));
-  EXPECT_NE(fn, nullptr) << "GRADLANE_CUDA_LIBRARY must name the fake driver";
-  if (fn != nullptr) fn(&out);
-  if (h != nullptr) ::dlclose(h);
+  EXPECT_TRUE(fakes::ReadFakeCudaCounts(&out))
+      << "GRADLANE_CUDA_LIBRARY must name the fake driver, loaded";
   return out;
 }
 
@@ -1785,19 +1781,7 @@ class DeviceRankClient {
     o.timeout_ms = 10000;
     int s = gl_connect(&o, &c_);
     if (s != GL_OK) return s;
-    std::vector<std::string> peers;
-    for (int r = 0; r < job.world; ++r) peers.push_back(Addr(r));
-    std::vector<const char*> pp;
-    for (auto& p : peers) pp.push_back(p.c_str());
-    gl_job_info info{};
-    info.job_id = job.job_id.c_str();
-    info.rank = rank;
-    info.world_size = job.world;
-    info.peers = pp.data();
-    info.num_peers = job.world;
-    info.policy = job.policy.empty() ? nullptr : job.policy.c_str();
-    info.auth_token = job.token.c_str();
-    if ((s = gl_register_job_mode(c_, &info, job.mode)) != GL_OK) return s;
+    if ((s = RegisterJobFor(c_, job, rank, job.token)) != GL_OK) return s;
     for (const TensorDef& t : job.tensors) {
       client::cu::DevicePtr p = 0;
       EXPECT_EQ(cuda_->MemAlloc(&p, t.bytes), client::cu::kSuccess);
@@ -1935,6 +1919,11 @@ TEST(EngineGpuDirectTest, PushesGoStraightFromGpuMemoryAndOnlyTheLocalShardIsSta
   // copied back (every completion came after the map, so less than what was staged, which
   // includes the first iteration whole), and the writes were flushed before each hand-out.
   const uint64_t copied_back = after.bytes_to_device - before.bytes_to_device;
+  uint64_t posted = 0;
+  for (const DeviceRun& r : runs) posted += r.posted;
+  std::cout << "GPUDirect, 3 ranks x 4 iterations: " << posted << " bytes posted, " << staged
+            << " staged GPU -> arena, " << copied_back << " copied back arena -> GPU; the rest "
+            << "read and written by the (fake) NIC in GPU memory\n";
   EXPECT_GT(copied_back, 0u);
   EXPECT_LT(copied_back, staged);
   EXPECT_GT(after.gpudirect_flushes, before.gpudirect_flushes);

@@ -32,6 +32,7 @@
 #include "libclient/gradlane.hpp"
 #include "libclient/gradlane_testing.h"
 #include "shm/uds.h"
+#include "tests/fakes/fake_cuda_counts.h"
 
 namespace gradlane {
 namespace {
@@ -1188,10 +1189,7 @@ TEST(Hostile, DaemonGoingAwayIsReportedToWaitingClient) {
 using client::CudaDriver;
 using client::cu::DevicePtr;
 
-struct FakeCudaCounts {
-  uint64_t copies_to_host, bytes_to_host, copies_to_device, bytes_to_device;
-  uint64_t live_allocations, host_registered, dmabuf_exports, gpudirect_flushes;
-};
+using fakes::FakeCudaCounts;
 
 const CudaDriver* Cuda() {
   auto d = client::LoadCudaDriver();
@@ -1201,15 +1199,8 @@ const CudaDriver* Cuda() {
 
 FakeCudaCounts FakeCounts() {
   FakeCudaCounts out{};
-  const char* lib = std::getenv("GRADLANE_CUDA_LIBRARY");
-  void* h = lib == nullptr ? nullptr : ::dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
-  auto* fn =
-      h == nullptr
-          ? nullptr
-          : reinterpret_cast<void (*)(FakeCudaCounts*)>(::dlsym(h, "gradlane_fake_cuda_counts"));
-  EXPECT_NE(fn, nullptr) << "GRADLANE_CUDA_LIBRARY must name the fake driver";
-  if (fn != nullptr) fn(&out);
-  if (h != nullptr) ::dlclose(h);
+  EXPECT_TRUE(fakes::ReadFakeCudaCounts(&out))
+      << "GRADLANE_CUDA_LIBRARY must name the fake driver, loaded";
   return out;
 }
 
