@@ -70,6 +70,7 @@ struct gl_client {
   std::string gpudirect_note;
   int dmabuf_supported = -1;  // 1 yes, 0 no dma-buf, 2 NIC writes neither ordered nor flushable
   bool flush_nic_writes = false;
+  std::string daemon_refused_gpudirect;  // non-empty: the daemon cannot take GPU memory (why)
 };
 
 namespace {
@@ -452,6 +453,10 @@ int OfferDeviceMemory(gl_client* c, const gradlane::client::CudaDriver& cuda, ui
     c->gpudirect_note = "the CUDA driver cannot export dma-bufs (cuMemGetHandleForAddressRange)";
     return GL_OK;
   }
+  if (!c->daemon_refused_gpudirect.empty()) {  // no export the daemon would refuse again
+    c->gpudirect_note = c->daemon_refused_gpudirect;
+    return GL_OK;
+  }
   if (cuda.CtxPushCurrent(where.context) != cu::kSuccess) {
     c->gpudirect_note = "cannot make the tensor's CUDA context current";
     return GL_OK;
@@ -526,6 +531,8 @@ int OfferDeviceMemory(gl_client* c, const gradlane::client::CudaDriver& cuda, ui
     // Refused (a backend without GPUDirect, or a daemon that predates it): staged, no error.
     c->gpudirect_note = t_error;
     if (t_error_client == c) t_error.clear();
+    // Those two answers hold for every tensor of this session: the next are not exported.
+    if (s == GL_E_DEVICE || s == GL_E_PROTOCOL) c->daemon_refused_gpudirect = c->gpudirect_note;
     return GL_OK;
   }
   const auto* map =

@@ -24,9 +24,10 @@ inline bool ReadFakeCudaCounts(FakeCudaCounts* out) {
   *out = FakeCudaCounts{};
   const char* lib = std::getenv("GRADLANE_CUDA_LIBRARY");
   void* h = lib == nullptr ? nullptr : ::dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
-  auto* fn = h == nullptr ? nullptr
-                          : reinterpret_cast<void (*)(FakeCudaCounts*)>(
-                                ::dlsym(h, "gradlane_fake_cuda_counts"));
+  auto* fn =
+      h == nullptr
+          ? nullptr
+          : reinterpret_cast<void (*)(FakeCudaCounts*)>(::dlsym(h, "gradlane_fake_cuda_counts"));
   if (fn != nullptr) fn(out);
   if (h != nullptr) ::dlclose(h);
   return fn != nullptr;

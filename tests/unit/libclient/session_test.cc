@@ -1298,6 +1298,35 @@ TEST(Device, PostedRangesComeBackToDeviceMemoryAfterTheCopy) {
 // be landing when it returns; a kernel on stream 0 or PyTorch's default stream alike) is what
 // gl_post copies, with no synchronize in between: the copy to the arena is ordered after that
 // stream. (On a non-blocking stream, it read the old bytes: seen on an H100.)
+// GPUDirect against a daemon whose backend cannot take GPU memory (this server's, as TCP's):
+// the first tensor's export is offered and refused with the reason, the tensor stays staged and
+// registration succeeds; the session's later tensors are not exported at all.
+TEST(Device, ABackendWithoutGpuDirectRefusesOnceAndTensorsStayStaged) {
+  ServerEnv env;
+  ClientPtr c = Connect(env);
+  ASSERT_EQ(RegisterJob(c.get()), GL_OK);
+  DeviceBuffer a(8192), b(8192);
+  const FakeCudaCounts before = FakeCounts();
+  uint32_t ida = 0, idb = 0;
+  ASSERT_EQ(gl_register_device_tensor(c.get(), "a", a.ptr(), 8192, GL_DTYPE_F32, 0, &ida), GL_OK)
+      << gl_last_error(c.get());
+  const char* note = nullptr;
+  EXPECT_EQ(gl_testing_gpudirect(c.get(), ida, nullptr, nullptr, &note), 0);
+  EXPECT_THAT(note, testing::HasSubstr("cannot send from GPU memory"));
+  EXPECT_EQ(FakeCounts().dmabuf_exports, before.dmabuf_exports + 1);
+  ASSERT_EQ(gl_register_device_tensor(c.get(), "b", b.ptr(), 8192, GL_DTYPE_F32, 0, &idb), GL_OK);
+  EXPECT_EQ(FakeCounts().dmabuf_exports, before.dmabuf_exports + 1) << "refused once: not again";
+  EXPECT_EQ(gl_testing_gpudirect(c.get(), idb, nullptr, nullptr, &note), 0);
+  EXPECT_THAT(note, testing::HasSubstr("cannot send from GPU memory"));
+  // Staged as before: the whole range goes through the arena and comes back.
+  const std::vector<uint8_t> grad = Pattern(8192, 9);
+  a.Write(grad);
+  ASSERT_EQ(gl_post(c.get(), ida, 0, 0, GL_WHOLE_TENSOR, 1), GL_OK);
+  a.Write(std::vector<uint8_t>(8192, 0));
+  EXPECT_EQ(WaitOne(c.get()).status, GL_OK);
+  EXPECT_EQ(a.Read(), grad);
+}
+
 TEST(Device, PostIsOrderedAfterTheLegacyDefaultStream) {
   ServerEnv env;
   ClientPtr c = Connect(env);
