@@ -8,6 +8,7 @@
 #include <iterator>
 #include <string_view>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/log.h"
 #include "daemon/session_server.h"
@@ -277,6 +278,11 @@ void JobRuntime::AttachDeviceMemory_st(const Session& session) {
   transport::Transport& transport = host_.transport_st();
   uint32_t refused = 0;
   std::string first_refusal;
+  // Tensors in one allocation (a framework's caching allocator holds hundreds in one segment)
+  // arrive with the same range of the client's address space: one registration serves them
+  // all. Within a session that range is the same memory, since every device tensor stays
+  // allocated until the client closes.
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, absl::StatusOr<transport::RegionId>> by_range;
   for (const DeviceAttachment& a : session.device_attachments_st()) {
     if (a.tensor_id >= plan_.tensors.size()) continue;
     JobTensor& t = plan_.tensors[a.tensor_id];
@@ -284,8 +290,14 @@ void JobRuntime::AttachDeviceMemory_st(const Session& session) {
     if (parts > a.map_bits || a.stage_map_offset + StageMapBytes(a.map_bits) > arena_bytes_) {
       continue;  // cannot happen (a partition holds at least one element); staged if it did
     }
-    absl::StatusOr<transport::RegionId> region =
-        transport.RegisterDeviceRegion_st(a.dmabuf.get(), a.dmabuf_bytes, a.device_address);
+    auto [it, fresh] = by_range.try_emplace({a.device_address, a.dmabuf_bytes},
+                                            absl::UnknownError("not registered yet"));
+    if (fresh) {
+      it->second =
+          transport.RegisterDeviceRegion_st(a.dmabuf.get(), a.dmabuf_bytes, a.device_address);
+      if (it->second.ok()) device_regions_.push_back(*it->second);
+    }
+    const absl::StatusOr<transport::RegionId>& region = it->second;
     if (!region.ok()) {
       // The client goes on staging every byte: slower, never wrong.
       host_.counters_st().device_registrations_refused.Add_st(1);
@@ -325,11 +337,9 @@ void JobRuntime::Release_st() {
     if (*r != transport::kNoRegion) (void)transport.UnregisterRegion_st(*r);
     *r = transport::kNoRegion;
   }
-  for (JobTensor& t : plan_.tensors) {
-    if (t.device_region != transport::kNoRegion)
-      (void)transport.UnregisterRegion_st(t.device_region);
-    t.device_region = transport::kNoRegion;
-  }
+  for (JobTensor& t : plan_.tensors) t.device_region = transport::kNoRegion;
+  for (transport::RegionId r : device_regions_) (void)transport.UnregisterRegion_st(r);
+  device_regions_.clear();
   shard_.Release_st();
   ring_.Release_st();
   RemoveFromTransport_st();

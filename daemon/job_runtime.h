@@ -264,6 +264,9 @@ class JobRuntime {
   uint8_t* arena_ = nullptr;
   uint64_t arena_bytes_ = 0;
   transport::RegionId arena_region_ = transport::kNoRegion;
+  // GPUDirect: the client's GPU memory registered for this job, one region per allocation
+  // (JobTensor::device_region names them); unregistered at release.
+  std::vector<transport::RegionId> device_regions_;
   // By rank × tensor: 1 once that rank's pushes carried kFlagDeviceResult (DeviceResult).
   std::vector<uint8_t> device_results_;
   std::vector<ManifestBody> manifest_in_;  // per rank

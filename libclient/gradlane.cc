@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <new>
 #include <span>
@@ -71,6 +72,9 @@ struct gl_client {
   int dmabuf_supported = -1;  // 1 yes, 0 no dma-buf, 2 NIC writes neither ordered nor flushable
   bool flush_nic_writes = false;
   std::string daemon_refused_gpudirect;  // non-empty: the daemon cannot take GPU memory (why)
+  // One dma-buf per allocation, by its first page: the tensors in it share the export (and the
+  // daemon registers that range once). Closed with the client.
+  std::map<uint64_t, std::pair<uint64_t, UniqueFd>> dmabuf_exports;  // start -> (end, fd)
 };
 
 namespace {
@@ -491,8 +495,16 @@ int OfferDeviceMemory(gl_client* c, const gradlane::client::CudaDriver& cuda, ui
     const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
     start = where.range_start / page * page;
     end = (where.range_start + where.range_bytes + page - 1) / page * page;
-    r = cuda.MemGetHandleForAddressRange(&fd, static_cast<cu::DevicePtr>(start), end - start,
-                                         cu::kRangeHandleDmaBufFd, 0);
+    auto cached = c->dmabuf_exports.find(start);
+    if (cached != c->dmabuf_exports.end() && cached->second.first == end) {
+      fd = cached->second.second.get();
+    } else {
+      r = cuda.MemGetHandleForAddressRange(&fd, static_cast<cu::DevicePtr>(start), end - start,
+                                           cu::kRangeHandleDmaBufFd, 0);
+      // Kept for the allocation's other tensors (an older entry at `start` was an allocation
+      // freed since: its export goes).
+      if (r == cu::kSuccess && fd >= 0) c->dmabuf_exports[start] = {end, UniqueFd(fd)};
+    }
   }
   cu::Context popped = nullptr;
   (void)cuda.CtxPopCurrent(&popped);
@@ -509,7 +521,6 @@ int OfferDeviceMemory(gl_client* c, const gradlane::client::CudaDriver& cuda, ui
     c->gpudirect_note = "exporting the tensor's GPU memory as a dma-buf: " + cuda.Describe(r);
     return GL_OK;
   }
-  UniqueFd dmabuf(fd);  // the daemon takes its own reference with the message
   gl_msg_attach_device m{};
   m.header.type = GL_MSG_ATTACH_DEVICE;
   m.header.length = sizeof(m);
@@ -519,7 +530,7 @@ int OfferDeviceMemory(gl_client* c, const gradlane::client::CudaDriver& cuda, ui
   m.dmabuf_bytes = end - start;
   m.device_address = start;
   gl_reply reply{};
-  const int one[1] = {dmabuf.get()};
+  const int one[1] = {fd};  // the daemon takes its own reference with the message
   const int s = Request(c, &m, sizeof(m), m.header.request_id, &reply, one);
   if (c->disconnected.load(std::memory_order_acquire)) return s;
   if (s == GL_E_TIMEOUT) {

@@ -186,6 +186,8 @@ class Cluster {
   const std::string& socket(int i) const { return sockets_[i]; }
   EngineStats Stats(int i) const { return engines_[i]->Stats(); }
   RegisteringTransport* registering(int i) const { return registering_[i]; }
+  // Engine i's fake transport (the driver thread's: read it through OnDriver).
+  FakeTransport* fake(int i) const { return fakes_[i]; }
 
   // Runs `fn` on the driver thread (the only thread that may touch engines and the network).
   void OnDriver(std::function<void()> fn) {
@@ -241,6 +243,7 @@ class Cluster {
       sockets_.resize(i + 1);
       alive_.resize(i + 1, true);
       registering_.resize(i + 1);
+      fakes_.resize(i + 1);
     }
     auto e = FakeEngine::Create(
         o,
@@ -248,6 +251,7 @@ class Cluster {
             -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
           auto t = FakeTransport::Create(to, h, &net_);
           if (!t.ok()) return t.status();
+          fakes_[i] = t->get();
           if (registrar_ == nullptr) return std::unique_ptr<transport::Transport>(std::move(*t));
           auto r = std::make_unique<RegisteringTransport>(std::move(*t), registrar_);
           registering_[i] = r.get();
@@ -284,6 +288,7 @@ class Cluster {
   FakeNetwork net_;
   std::vector<std::unique_ptr<FakeEngine>> engines_;
   std::vector<RegisteringTransport*> registering_;
+  std::vector<FakeTransport*> fakes_;
   std::vector<std::string> sockets_;
   std::vector<bool> alive_;
   std::atomic<bool> stop_{false};
@@ -1763,9 +1768,10 @@ class DeviceRankClient {
  public:
   ~DeviceRankClient() {
     if (c_ != nullptr) gl_close(c_);
-    for (client::cu::DevicePtr p : ptrs_) cuda_->MemFree(p);
+    for (client::cu::DevicePtr p : allocations_) cuda_->MemFree(p);
   }
-  int Setup(const std::string& socket, const JobSpec& job, int rank) {
+  // `one_allocation`: every tensor in one cuMemAlloc, as a caching allocator places them.
+  int Setup(const std::string& socket, const JobSpec& job, int rank, bool one_allocation = false) {
     auto d = client::LoadCudaDriver();
     EXPECT_TRUE(d.ok()) << d.status();
     if (!d.ok()) return GL_E_DEVICE;
@@ -1782,9 +1788,21 @@ class DeviceRankClient {
     int s = gl_connect(&o, &c_);
     if (s != GL_OK) return s;
     if ((s = RegisterJobFor(c_, job, rank, job.token)) != GL_OK) return s;
+    uint64_t total = 0;
+    for (const TensorDef& t : job.tensors) total += (t.bytes + 255) / 256 * 256;
+    client::cu::DevicePtr shared = 0;
+    if (one_allocation) {
+      EXPECT_EQ(cuda_->MemAlloc(&shared, total), client::cu::kSuccess);
+      allocations_.push_back(shared);
+    }
     for (const TensorDef& t : job.tensors) {
-      client::cu::DevicePtr p = 0;
-      EXPECT_EQ(cuda_->MemAlloc(&p, t.bytes), client::cu::kSuccess);
+      client::cu::DevicePtr p = shared;
+      if (one_allocation) {
+        shared += (t.bytes + 255) / 256 * 256;
+      } else {
+        EXPECT_EQ(cuda_->MemAlloc(&p, t.bytes), client::cu::kSuccess);
+        allocations_.push_back(p);
+      }
       ptrs_.push_back(p);
       uint32_t id = 0;
       s = gl_register_device_tensor(c_, t.name.c_str(), reinterpret_cast<void*>(p), t.bytes,
@@ -1847,7 +1865,8 @@ class DeviceRankClient {
  private:
   const client::CudaDriver* cuda_ = nullptr;
   gl_client* c_ = nullptr;
-  std::vector<client::cu::DevicePtr> ptrs_;
+  std::vector<client::cu::DevicePtr> allocations_;  // what to free
+  std::vector<client::cu::DevicePtr> ptrs_;         // by tensor
   std::vector<uint32_t> ids_;
 };
 
@@ -1866,17 +1885,21 @@ struct DeviceRun {
   std::string note;
 };
 
-// Runs `iterations` of `job` with device tensors, one client thread per rank.
-std::vector<DeviceRun> RunDeviceJob(Cluster& cluster, const JobSpec& job, int iterations) {
+// Runs `iterations` of `job` with device tensors, one client thread per rank; each rank calls
+// `before_close(rank)` (if given) after its last iteration, while its job is still up.
+std::vector<DeviceRun> RunDeviceJob(Cluster& cluster, const JobSpec& job, int iterations,
+                                    bool one_allocation = false,
+                                    std::function<void(int)> before_close = nullptr) {
   std::vector<DeviceRun> runs(job.world);
   std::vector<std::thread> threads;
   for (int r = 0; r < job.world; ++r) {
     threads.emplace_back([&, r] {
       DeviceRankClient c;
-      ASSERT_EQ(c.Setup(cluster.socket(r), job, r), GL_OK) << gl_last_error(c.c());
+      ASSERT_EQ(c.Setup(cluster.socket(r), job, r, one_allocation), GL_OK) << gl_last_error(c.c());
       for (int64_t it = 0; it < iterations; ++it) {
         if (!c.Iterate(job, r, it)) break;
       }
+      if (before_close) before_close(r);
       const char* note = "";
       for (size_t ti = 0; ti < c.tensors(); ++ti) {
         runs[r].direct_tensors +=
@@ -1927,6 +1950,27 @@ TEST(EngineGpuDirectTest, PushesGoStraightFromGpuMemoryAndOnlyTheLocalShardIsSta
   EXPECT_GT(copied_back, 0u);
   EXPECT_LT(copied_back, staged);
   EXPECT_GT(after.gpudirect_flushes, before.gpudirect_flushes);
+}
+
+// Tensors that share one allocation (a caching allocator's segment) share one export and one
+// registration: one dma-buf per client, one device region per daemon, results still exact.
+TEST(EngineGpuDirectTest, TensorsInOneAllocationShareOneExportAndOneRegistration) {
+  Cluster cluster(3, TestOptions(), "gpudirect-shared");
+  JobSpec job{"job-gpudirect-shared", 3, "bytescheduler", "secret", DeviceTensors(), 25};
+  ASSERT_TRUE(client::LoadCudaDriver().ok());
+  const FakeCudaCounts before = FakeCounts();
+  std::vector<size_t> regions(3, 0);
+  const std::vector<DeviceRun> runs =
+      RunDeviceJob(cluster, job, 3, /*one_allocation=*/true, [&](int r) {
+        cluster.OnDriver([&] { regions[r] = cluster.fake(r)->device_regions(); });
+      });
+  EXPECT_EQ(FakeCounts().dmabuf_exports - before.dmabuf_exports, 3u);  // one per client
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(runs[r].direct_tensors, static_cast<int>(job.tensors.size())) << runs[r].note;
+    EXPECT_GT(runs[r].direct, 0u);
+    EXPECT_EQ(regions[r], 1u) << "daemon " << r;
+    EXPECT_EQ(cluster.Stats(r).device_tensors, job.tensors.size());
+  }
 }
 
 // A transport that cannot send from GPU memory (the default RegisterDeviceRegion_st, as TCP and
