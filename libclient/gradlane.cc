@@ -74,7 +74,7 @@ struct gl_client {
   std::string daemon_refused_gpudirect;  // non-empty: the daemon cannot take GPU memory (why)
   // One dma-buf per allocation, by its first page: the tensors in it share the export (and the
   // daemon registers that range once). Closed with the client.
-  std::map<uint64_t, std::pair<uint64_t, UniqueFd>> dmabuf_exports;  // start -> (end, fd)
+  std::map<std::pair<uint64_t, uint64_t>, UniqueFd> dmabuf_exports;  // [start, end) -> fd
 };
 
 namespace {
@@ -495,15 +495,15 @@ int OfferDeviceMemory(gl_client* c, const gradlane::client::CudaDriver& cuda, ui
     const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
     start = where.range_start / page * page;
     end = (where.range_start + where.range_bytes + page - 1) / page * page;
-    auto cached = c->dmabuf_exports.find(start);
-    if (cached != c->dmabuf_exports.end() && cached->second.first == end) {
-      fd = cached->second.second.get();
+    auto cached = c->dmabuf_exports.find({start, end});
+    if (cached != c->dmabuf_exports.end()) {
+      fd = cached->second.get();
     } else {
       r = cuda.MemGetHandleForAddressRange(&fd, static_cast<cu::DevicePtr>(start), end - start,
                                            cu::kRangeHandleDmaBufFd, 0);
-      // Kept for the allocation's other tensors (an older entry at `start` was an allocation
-      // freed since: its export goes).
-      if (r == cu::kSuccess && fd >= 0) c->dmabuf_exports[start] = {end, UniqueFd(fd)};
+      // Kept for the allocation's other tensors (registered tensors stay allocated until
+      // gl_close, so the range keeps naming the same memory).
+      if (r == cu::kSuccess && fd >= 0) c->dmabuf_exports[{start, end}] = UniqueFd(fd);
     }
   }
   cu::Context popped = nullptr;
@@ -533,17 +533,25 @@ int OfferDeviceMemory(gl_client* c, const gradlane::client::CudaDriver& cuda, ui
   const int one[1] = {fd};  // the daemon takes its own reference with the message
   const int s = Request(c, &m, sizeof(m), m.header.request_id, &reply, one);
   if (c->disconnected.load(std::memory_order_acquire)) return s;
-  if (s == GL_E_TIMEOUT) {
-    // The daemon may still accept it, and would then write results into GPU memory that our
-    // copy back (of the whole range, without its map) would overwrite: the session must end.
-    return Disconnect(c, GL_E_TIMEOUT, "no reply to attaching a device tensor's GPU memory");
+  const bool answered =
+      reply.header.type == GL_MSG_REPLY && reply.header.request_id == m.header.request_id;
+  if (!answered) {
+    // No answer (a timeout, a failed wait): the daemon may still accept it, and would then
+    // write results into GPU memory that our copy back (of whole ranges, without its map)
+    // would overwrite. The session must end.
+    return Disconnect(c, s, "no answer to attaching a device tensor's GPU memory");
   }
   if (s != GL_OK) {
     // Refused (a backend without GPUDirect, or a daemon that predates it): staged, no error.
     c->gpudirect_note = t_error;
     if (t_error_client == c) t_error.clear();
-    // Those two answers hold for every tensor of this session: the next are not exported.
-    if (s == GL_E_DEVICE || s == GL_E_PROTOCOL) c->daemon_refused_gpudirect = c->gpudirect_note;
+    // The backend's refusal, or an older daemon's "unknown message", holds for every tensor of
+    // this session: the next are not exported.
+    if (s == GL_E_DEVICE ||
+        (s == GL_E_PROTOCOL &&
+         c->gpudirect_note.find("unknown control message") != std::string::npos)) {
+      c->daemon_refused_gpudirect = c->gpudirect_note;
+    }
     return GL_OK;
   }
   const auto* map =

@@ -109,8 +109,9 @@ int gl_register_tensor(gl_client* c, const char* name, uint64_t bytes, int dtype
  * tensor's allocation is offered to the daemon, whose NIC then reads the pushes from, and
  * writes other hosts' results into, GPU memory directly (parameter-server jobs; docs/gpu.md).
  * Where anything refuses, the tensor is staged as above and this call still succeeds.
- * GRADLANE_GPUDIRECT=0 turns it off. If the daemon does not answer the offer in time the
- * session ends (GL_E_DISCONNECTED): it may have taken the memory. Since GRADLANE_1.2. */
+ * GRADLANE_GPUDIRECT=0 turns it off. If the daemon does not answer the offer, or answers with
+ * a stage map outside the arena, the session ends (GL_E_DISCONNECTED): it may have taken the
+ * memory. Since GRADLANE_1.2. */
 int gl_register_device_tensor(gl_client* c, const char* name, void* device_ptr, uint64_t bytes,
                               int dtype, int32_t priority, uint32_t* tensor_id);
 

@@ -20,10 +20,14 @@ bash "$here/ps_exact.sh" "$@"
 bash "$here/allreduce_exact.sh" "$@"
 # GPUDirect: on a host that also has an RDMA NIC, the parameter-server run again over verbs, with
 # the GPU memory registered with the NIC (dma-buf); pushes and pulled results then go NIC <-> GPU.
-if command -v ibv_devices >/dev/null && ibv_devices 2>/dev/null | awk 'NR > 2 && NF' | grep -q .; then
+# A NIC, not a software device (soft-RoCE and siw have no dma-buf memory regions), with an
+# active port; the daemons open the first device (GL_VERBS_FLAGS may name another).
+nic=$(ibv_devinfo 2>/dev/null | awk '/^hca_id:/ {dev = $2} /state:[[:space:]]+PORT_ACTIVE/ && dev !~ /^(rxe|siw)/ {print dev; exit}' || true)
+if [[ -n $nic ]]; then
+  echo "gpu_exact: GPUDirect over verbs on $nic"
   GL_FORCE_LOOPBACK=1 GL_TRANSPORT=verbs IT_POLICIES=gradlane IT_EXPECT_GPUDIRECT=1 \
     bash "$here/ps_exact.sh" "$@"
 else
-  echo "gpu_exact: GPUDirect over verbs not checked: needs an RDMA device on this host (ibv_devices lists none)"
+  echo "gpu_exact: GPUDirect over verbs not checked: needs an RDMA NIC with an active port on this host (ibv_devinfo shows none)"
 fi
 echo "gpu_exact: ok"

@@ -45,8 +45,9 @@ done
 # IT_EXPECT_GPUDIRECT=1 (gpu_exact.sh on a host with a GPU and an RDMA NIC): the device tensors'
 # GPU memory must have been registered with the NIC, none refused.
 if [[ ${IT_EXPECT_GPUDIRECT:-0} == 1 ]]; then
-  ((direct > 0 && staged == 0)) || it_fail "GPUDirect: $direct device tensors registered, $staged refused (want all registered): $(grep -h 'staged through shared memory' "$GL_TMP"/daemon*.err | head -1)"
-  echo "GPUDirect: $direct device tensor registrations, pushes and pulls NIC <-> GPU memory"
+  why=$(grep -h 'staged through shared memory' "$GL_TMP"/daemon*.err | head -1 || true)
+  ((direct > 0 && staged == 0)) || it_fail "GPUDirect: $direct device tensors sent from GPU memory, $staged refused by the NIC (want all sent from it)${why:+: $why}${why:- (none offered: the client found the GPU unable; gl_testing_gpudirect says why)}"
+  echo "GPUDirect: $direct device tensors (summed over the daemons) sent from and into GPU memory"
 fi
 # A backend that hands packets over (DPDK) reduces pushes as they arrive: the runs above must
 # have taken that path, and were bit-exact. TCP places whole segments and never folds.

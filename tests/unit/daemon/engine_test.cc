@@ -1918,8 +1918,14 @@ TEST(EngineGpuDirectTest, PushesGoStraightFromGpuMemoryAndOnlyTheLocalShardIsSta
   JobSpec job{"job-gpudirect", 3, "bytescheduler", "secret", DeviceTensors(), 21};
   ASSERT_TRUE(client::LoadCudaDriver().ok());  // so that its counts can be read before the run
   const FakeCudaCounts before = FakeCounts();
-  const std::vector<DeviceRun> runs = RunDeviceJob(cluster, job, 4);
+  std::vector<uint64_t> eager_refused(3, 1);
+  const std::vector<DeviceRun> runs =
+      RunDeviceJob(cluster, job, 4, /*one_allocation=*/false, [&](int r) {
+        cluster.OnDriver([&] { eager_refused[r] = cluster.fake(r)->device_eager_refused(); });
+      });
   const FakeCudaCounts after = FakeCounts();
+  // Every segment into GPU memory came flagged for rendezvous (the fake refuses others).
+  EXPECT_EQ(eager_refused, std::vector<uint64_t>(3, 0));
   EXPECT_EQ(after.dmabuf_exports - before.dmabuf_exports, 3 * job.tensors.size());
   uint64_t staged = 0;
   for (int r = 0; r < 3; ++r) {

@@ -1294,10 +1294,6 @@ TEST(Device, PostedRangesComeBackToDeviceMemoryAfterTheCopy) {
   EXPECT_EQ(FakeCounts().host_registered, before.host_registered) << "gl_close unpins the arena";
 }
 
-// A gradient written on the legacy default stream (here by cuMemcpyHtoD, whose bytes may still
-// be landing when it returns; a kernel on stream 0 or PyTorch's default stream alike) is what
-// gl_post copies, with no synchronize in between: the copy to the arena is ordered after that
-// stream. (On a non-blocking stream, it read the old bytes: seen on an H100.)
 // GPUDirect against a daemon whose backend cannot take GPU memory (this server's, as TCP's):
 // the first tensor's export is offered and refused with the reason, the tensor stays staged and
 // registration succeeds; the session's later tensors are not exported at all.
@@ -1327,6 +1323,10 @@ TEST(Device, ABackendWithoutGpuDirectRefusesOnceAndTensorsStayStaged) {
   EXPECT_EQ(a.Read(), grad);
 }
 
+// A gradient written on the legacy default stream (here by cuMemcpyHtoD, whose bytes may still
+// be landing when it returns; a kernel on stream 0 or PyTorch's default stream alike) is what
+// gl_post copies, with no synchronize in between: the copy to the arena is ordered after that
+// stream. (On a non-blocking stream, it read the old bytes: seen on an H100.)
 TEST(Device, PostIsOrderedAfterTheLegacyDefaultStream) {
   ServerEnv env;
   ClientPtr c = Connect(env);
