@@ -24,7 +24,9 @@
 // - Faults on request, read by cuInit: GRADLANE_FAKE_CUDA_FAIL_COPY=N makes the Nth asynchronous
 //   copy after it (1-based, both directions) fail with CUDA error 700;
 //   GRADLANE_FAKE_CUDA_NO_DEVICE=1 makes cuInit say there is no device;
-//   GRADLANE_FAKE_CUDA_NO_DMABUF=1 makes the device say it has no dma-buf support.
+//   GRADLANE_FAKE_CUDA_NO_DMABUF=1 makes the device say it has no dma-buf support;
+//   GRADLANE_FAKE_CUDA_NO_RDMA_FLUSH=1 (read at each attribute query, not at cuInit) that it
+//   cannot flush a NIC's writes (it never orders them itself).
 // - GPUDirect: every allocation's bytes are a memfd, page-aligned (as the driver's granularity
 //   is), and cuMemGetHandleForAddressRange exports an allocation's pages as that memfd, the
 //   "dma-buf" the fake transport maps and reads as a NIC would.
@@ -221,9 +223,11 @@ Result cuDeviceGetAttribute(int* value, int attribute, int dev) {
     case kDeviceAttrDmaBufSupported:
       *value = s.dmabuf ? 1 : 0;
       return kSuccess;
-    case kDeviceAttrRdmaFlushOptions:  // cuFlushGPUDirectRDMAWrites offered (the HOST bit)
-      *value = 1;
+    case kDeviceAttrRdmaFlushOptions: {  // cuFlushGPUDirectRDMAWrites offered (the HOST bit)
+      const char* e = std::getenv("GRADLANE_FAKE_CUDA_NO_RDMA_FLUSH");  // read per query
+      *value = e != nullptr && *e == '1' ? 0 : 1;
       return kSuccess;
+    }
     case kDeviceAttrRdmaWritesOrdering:  // none: a NIC's writes need that flush
       *value = 0;
       return kSuccess;

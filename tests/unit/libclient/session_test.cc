@@ -1323,6 +1323,25 @@ TEST(Device, ABackendWithoutGpuDirectRefusesOnceAndTensorsStayStaged) {
   EXPECT_EQ(a.Read(), grad);
 }
 
+// A GPU that neither orders a NIC's writes nor offers cuFlushGPUDirectRDMAWrites could hand out
+// results before they are visible: its tensors are never offered for GPUDirect.
+TEST(Device, AGpuThatCannotMakeANicsWritesVisibleIsNotOffered) {
+  ServerEnv env;
+  ClientPtr c = Connect(env);
+  ASSERT_EQ(RegisterJob(c.get()), GL_OK);
+  DeviceBuffer dev(8192);
+  const FakeCudaCounts before = FakeCounts();
+  ::setenv("GRADLANE_FAKE_CUDA_NO_RDMA_FLUSH", "1", 1);
+  uint32_t id = 0;
+  const int s = gl_register_device_tensor(c.get(), "a", dev.ptr(), 8192, GL_DTYPE_F32, 0, &id);
+  ::unsetenv("GRADLANE_FAKE_CUDA_NO_RDMA_FLUSH");
+  ASSERT_EQ(s, GL_OK) << gl_last_error(c.get());
+  const char* note = nullptr;
+  EXPECT_EQ(gl_testing_gpudirect(c.get(), id, nullptr, nullptr, &note), 0);
+  EXPECT_THAT(note, testing::HasSubstr("neither orders a NIC's writes"));
+  EXPECT_EQ(FakeCounts().dmabuf_exports, before.dmabuf_exports) << "nothing exported";
+}
+
 // A gradient written on the legacy default stream (here by cuMemcpyHtoD, whose bytes may still
 // be landing when it returns; a kernel on stream 0 or PyTorch's default stream alike) is what
 // gl_post copies, with no synchronize in between: the copy to the arena is ordered after that
