@@ -69,7 +69,9 @@ struct gl_client {
   // GPUDirect: why the last device tensor is staged whole ("" if it was attached), and whether
   // the device can export dma-bufs at all (-1: not probed yet).
   std::string gpudirect_note;
-  int dmabuf_supported = -1;  // 1 yes, 0 no dma-buf, 2 NIC writes neither ordered nor flushable
+  // What the GPU allows, probed at the first device tensor.
+  enum class GpuDirectProbe { kNotYet, kUsable, kNoDmabuf, kNicWritesInvisible };
+  GpuDirectProbe gpudirect_probe = GpuDirectProbe::kNotYet;
   bool flush_nic_writes = false;
   std::string daemon_refused_gpudirect;  // non-empty: the daemon cannot take GPU memory (why)
   // One dma-buf per allocation, by its first page: the tensors in it share the export (and the
@@ -465,7 +467,8 @@ int OfferDeviceMemory(gl_client* c, const gradlane::client::CudaDriver& cuda, ui
     c->gpudirect_note = "cannot make the tensor's CUDA context current";
     return GL_OK;
   }
-  if (c->dmabuf_supported < 0) {  // probed once per client, as NCCL does per process
+  using Probe = gl_client::GpuDirectProbe;
+  if (c->gpudirect_probe == Probe::kNotYet) {  // once per client, as NCCL does per process
     int ordinal = -1, supported = 0, ordering = 0, flush_options = 0;
     cu::Device dev{};
     const bool dmabuf =
@@ -485,12 +488,14 @@ int OfferDeviceMemory(gl_client* c, const gradlane::client::CudaDriver& cuda, ui
     const bool ordered = ordering >= cu::kWritesOrderingOwner;
     c->flush_nic_writes = !ordered && (flush_options & cu::kFlushOptionHost) != 0 &&
                           cuda.FlushGPUDirectRDMAWrites != nullptr;
-    c->dmabuf_supported = dmabuf ? ((ordered || c->flush_nic_writes) ? 1 : 2) : 0;
+    c->gpudirect_probe = !dmabuf                            ? Probe::kNoDmabuf
+                         : (ordered || c->flush_nic_writes) ? Probe::kUsable
+                                                            : Probe::kNicWritesInvisible;
   }
   int fd = -1;
   uint64_t start = 0, end = 0;
   cu::Result r = cu::kSuccess;
-  if (c->dmabuf_supported == 1) {
+  if (c->gpudirect_probe == Probe::kUsable) {
     // Page-aligned, as the driver requires: the allocation's pages, which hold the tensor.
     const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
     start = where.range_start / page * page;
@@ -508,12 +513,12 @@ int OfferDeviceMemory(gl_client* c, const gradlane::client::CudaDriver& cuda, ui
   }
   cu::Context popped = nullptr;
   (void)cuda.CtxPopCurrent(&popped);
-  if (c->dmabuf_supported == 2) {
+  if (c->gpudirect_probe == Probe::kNicWritesInvisible) {
     c->gpudirect_note =
         "the GPU neither orders a NIC's writes nor offers cuFlushGPUDirectRDMAWrites";
     return GL_OK;
   }
-  if (c->dmabuf_supported != 1) {
+  if (c->gpudirect_probe != Probe::kUsable) {
     c->gpudirect_note = "the GPU does not support dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)";
     return GL_OK;
   }

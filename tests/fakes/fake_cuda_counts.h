@@ -7,6 +7,7 @@
 #define GRADLANE_TESTS_FAKES_FAKE_CUDA_COUNTS_H_
 
 #include <dlfcn.h>
+#include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -19,7 +20,7 @@ struct FakeCudaCounts {
 };
 
 // The fake's counts; false (and zeros) when GRADLANE_CUDA_LIBRARY does not name the fake or it
-// is not loaded yet (load it first: LoadCudaDriver).
+// is not loaded yet (load it first: LoadCudaDriver). FakeCounts() below for gtest tests.
 inline bool ReadFakeCudaCounts(FakeCudaCounts* out) {
   *out = FakeCudaCounts{};
   const char* lib = std::getenv("GRADLANE_CUDA_LIBRARY");
@@ -31,6 +32,14 @@ inline bool ReadFakeCudaCounts(FakeCudaCounts* out) {
   if (fn != nullptr) fn(out);
   if (h != nullptr) ::dlclose(h);
   return fn != nullptr;
+}
+
+// The counts, as a test failure when they cannot be read.
+inline FakeCudaCounts FakeCounts() {
+  FakeCudaCounts out{};
+  EXPECT_TRUE(ReadFakeCudaCounts(&out))
+      << "GRADLANE_CUDA_LIBRARY must name the fake driver, loaded";
+  return out;
 }
 
 }  // namespace gradlane::fakes

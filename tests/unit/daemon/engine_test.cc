@@ -1756,12 +1756,7 @@ TEST(EngineTcpTest, DialAbandonedMidHandshakeIsRetriedNotFatal) {
 
 using fakes::FakeCudaCounts;
 
-FakeCudaCounts FakeCounts() {
-  FakeCudaCounts out{};
-  EXPECT_TRUE(fakes::ReadFakeCudaCounts(&out))
-      << "GRADLANE_CUDA_LIBRARY must name the fake driver, loaded";
-  return out;
-}
+using fakes::FakeCounts;
 
 // One rank whose tensors live in (fake) GPU memory.
 class DeviceRankClient {

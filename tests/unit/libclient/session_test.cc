@@ -1197,12 +1197,7 @@ const CudaDriver* Cuda() {
   return d.ok() ? *d : nullptr;
 }
 
-FakeCudaCounts FakeCounts() {
-  FakeCudaCounts out{};
-  EXPECT_TRUE(fakes::ReadFakeCudaCounts(&out))
-      << "GRADLANE_CUDA_LIBRARY must name the fake driver, loaded";
-  return out;
-}
+using fakes::FakeCounts;
 
 // Device memory of `bytes`, freed at scope end; Fill/Read go through the driver.
 class DeviceBuffer {
