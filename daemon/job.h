@@ -11,7 +11,8 @@
 //     daemons exchange it in a manifest frame, the first frame on each connection, and a difference
 //     fails the job with a message naming both values.
 //   - Partition k of a tensor is PartitionPlan::Make(bytes, dtype, EnginePartitionBytes(...)),
-//     cut finer where the shards would otherwise be unevenly loaded (BalancedKeyBytes); the
+//     cut finer where the shards would otherwise be unevenly loaded or a tensor would cross
+//     fewer shards than there are (BalancedKeyBytes); the
 //     shard map is ps::ShardMap over those keys. Both depend only on the frozen list and W.
 //   - The mode (parameter servers or ring all-reduce) is part of the fingerprint and of the
 //     manifest; an all-reduce job has no shard map (every rank reduces a chunk of every
@@ -80,8 +81,9 @@ inline constexpr uint64_t kMaxEnginePartitionBytes = 64ull << 20;
 uint64_t EnginePartitionBytes(const std::string& policy, uint64_t configured, sched::DType dtype);
 
 struct JobPlan;
-// Parameter-server jobs: the key size that spreads the job's bytes evenly over its W shards
-// (sched::BalancedShardUnit from the policy's partition size), when that is finer than the
+// Parameter-server jobs: the key size that spreads the job's bytes evenly over its W shards and
+// every tensor over all of them (sched::BalancedShardUnit from the policy's partition size: a
+// tensor that is one key is pushed into one downlink), when that is finer than the
 // policy's partitions; 0 otherwise, and always 0 for fifo (whole tensors), all-reduce, W = 1
 // and a configured --partition_bytes. Reads plan.mode, world and policy_name.
 uint64_t BalancedKeyBytes(const std::vector<TensorInfo>& tensors, const JobPlan& plan,

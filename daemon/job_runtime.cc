@@ -198,9 +198,9 @@ JobError JobRuntime::Start_st(TimeNs now) {
       " tensors, ", plan_.total_bytes, " bytes, ", plan_.parts.size(), " partitions",
       allreduce() ? std::string(", ring all-reduce")
                   : absl::StrCat(" (", shard_.owned().size(), " owned here)"),
-      plan_.balanced_key_bytes != 0
-          ? absl::StrCat(", keys of ", plan_.balanced_key_bytes, " bytes to balance the shards")
-          : std::string(),
+      plan_.balanced_key_bytes != 0 ? absl::StrCat(", keys of ", plan_.balanced_key_bytes,
+                                                   " bytes to balance and spread over the shards")
+                                    : std::string(),
       ", policy ", plan_.policy_name));
   return {};
 }

@@ -52,15 +52,32 @@ uint64_t LptHeaviestShardBytes(absl::Span<const uint64_t> tensor_bytes, uint64_t
   return heaviest;
 }
 
+double UnspreadShare(absl::Span<const uint64_t> tensor_bytes, uint64_t unit, uint32_t shards) {
+  if (shards == 0 || unit == 0) return 0.0;
+  double total = 0;
+  double unspread = 0;
+  for (uint64_t bytes : tensor_bytes) {
+    total += static_cast<double>(bytes);
+    const uint64_t pieces = bytes / unit + (bytes % unit != 0 ? 1 : 0);
+    if (pieces < shards) {
+      unspread += static_cast<double>(bytes) * static_cast<double>(shards - pieces) /
+                  static_cast<double>(shards);
+    }
+  }
+  return total == 0 ? 0.0 : unspread / total;
+}
+
 uint64_t BalancedShardUnit(absl::Span<const uint64_t> tensor_bytes, uint32_t shards,
-                           uint64_t max_unit, uint64_t min_unit, double tolerance) {
+                           uint64_t max_unit, uint64_t min_unit, double tolerance,
+                           double spread_tolerance) {
   if (shards <= 1 || max_unit == 0) return max_unit;
   uint64_t total = 0;
   for (uint64_t bytes : tensor_bytes) total += bytes;
   if (total == 0) return max_unit;
   const double allowed = (1.0 + tolerance) * static_cast<double>(total) / shards;
   uint64_t unit = max_unit;
-  while (static_cast<double>(LptHeaviestShardBytes(tensor_bytes, unit, shards)) > allowed) {
+  while (static_cast<double>(LptHeaviestShardBytes(tensor_bytes, unit, shards)) > allowed ||
+         UnspreadShare(tensor_bytes, unit, shards) > spread_tolerance) {
     const uint64_t half = unit / 2;
     if (half < min_unit || half % 8 != 0) break;
     unit = half;

@@ -659,7 +659,7 @@ TEST(EngineTest, FifoTensorsBeyondOneEnginePartitionAreExact) {
   }
 }
 
-TEST(EngineTest, BalancedKeysOnlyWhereThePolicyPartitionsLeaveShardsUneven) {
+TEST(EngineTest, BalancedKeysOnlyWhereThePolicyPartitionsLeaveShardsUnevenOrTensorsUnspread) {
   std::vector<TensorInfo> one_tensor(1);
   one_tensor[0].bytes = 3ull << 20;  // one 4 MiB key: a single shard would carry all of it
   JobPlan plan;
@@ -678,11 +678,17 @@ TEST(EngineTest, BalancedKeysOnlyWhereThePolicyPartitionsLeaveShardsUneven) {
   plan.mode = GL_MODE_PS;
   plan.world = 1;
   EXPECT_EQ(BalancedKeyBytes(one_tensor, plan, 0), 0u);
-  // Already even at the policy's size: 0 (the policy's partitions are kept).
+  // Already even and spread at the policy's size (every tensor three keys or more): 0, the
+  // policy's partitions are kept.
   std::vector<TensorInfo> even(6);
-  for (TensorInfo& t : even) t.bytes = 4ull << 20;
+  for (TensorInfo& t : even) t.bytes = 12ull << 20;
   plan.world = 3;
   EXPECT_EQ(BalancedKeyBytes(even, plan, 0), 0u);
+  // Even but unspread (each 4 MiB tensor one key, pushed into one shard's downlink): cut until
+  // every tensor crosses every shard, 1 MiB (four keys each).
+  std::vector<TensorInfo> unspread(6);
+  for (TensorInfo& t : unspread) t.bytes = 4ull << 20;
+  EXPECT_EQ(BalancedKeyBytes(unspread, plan, 0), 1ull << 20);
   // The fingerprint changes only where the keys did.
   EXPECT_EQ(Fingerprint(even, 3, "gradlane", 0, ps::ReduceOp::kSum),
             Fingerprint(even, 3, "gradlane", 0, ps::ReduceOp::kSum, GL_MODE_PS, 0, 0));

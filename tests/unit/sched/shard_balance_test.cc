@@ -1,5 +1,6 @@
-// The balance rule for parameter-server keys: LPT's heaviest shard, and the coarsest key size
-// that keeps it within the tolerance of total/W.
+// The balance rule for parameter-server keys: LPT's heaviest shard, the share of the bytes left
+// unspread, and the coarsest key size that keeps the first within the tolerance of total/W and
+// the second within its own.
 #include "sched/shard_balance.h"
 
 #include <algorithm>
@@ -67,11 +68,44 @@ TEST(ShardBalanceTest, SmallModelGetsFinerKeysUntilBalanced) {
   EXPECT_GT(LptHeaviestShardBytes(tensors, unit * 2, 3), 1.02 * mean);
 }
 
-TEST(ShardBalanceTest, BalancedModelKeepsThePolicyPartitions) {
-  // 24 equal 4 MiB tensors over 3 or 8 shards are already even.
-  const std::vector<uint64_t> tensors(24, 4 * kMiB);
+TEST(ShardBalanceTest, BalancedAndSpreadModelKeepsThePolicyPartitions) {
+  // 24 equal 32 MiB tensors over 3 or 8 shards: even, and each is 8 keys already.
+  const std::vector<uint64_t> tensors(24, 32 * kMiB);
   EXPECT_EQ(BalancedShardUnit(tensors, 3, 4 * kMiB), 4 * kMiB);
   EXPECT_EQ(BalancedShardUnit(tensors, 8, 4 * kMiB), 4 * kMiB);
+}
+
+TEST(ShardBalanceTest, UnspreadShareCountsWhatFewerKeysThanShardsLeave) {
+  // 3 shards: a 4 MiB tensor in 4 MiB keys is one key (2/3 of it unspread), in 2 MiB keys two
+  // (1/3), in 1 MiB keys four (none); a 12 MiB tensor is three keys of 4 MiB (none).
+  const std::vector<uint64_t> one = {4 * kMiB};
+  EXPECT_DOUBLE_EQ(UnspreadShare(one, 4 * kMiB, 3), 2.0 / 3);
+  EXPECT_DOUBLE_EQ(UnspreadShare(one, 2 * kMiB, 3), 1.0 / 3);
+  EXPECT_DOUBLE_EQ(UnspreadShare(one, 1 * kMiB, 3), 0.0);
+  const std::vector<uint64_t> two = {4 * kMiB, 12 * kMiB};
+  EXPECT_DOUBLE_EQ(UnspreadShare(two, 4 * kMiB, 3), (2.0 / 3) * 4 / 16);
+  // A remainder is a key: 5 MiB in 4 MiB keys is two.
+  EXPECT_DOUBLE_EQ(UnspreadShare(std::vector<uint64_t>{5 * kMiB}, 4 * kMiB, 3), 1.0 / 3);
+  EXPECT_DOUBLE_EQ(UnspreadShare(std::vector<uint64_t>{}, 4 * kMiB, 3), 0.0);
+  EXPECT_DOUBLE_EQ(UnspreadShare(one, 4 * kMiB, 1), 0.0);
+}
+
+TEST(ShardBalanceTest, EvenShardsStillCutEveryTensorOverTheShards) {
+  // 24 equal 4 MiB tensors over 3 or 8 shards are even with 4 MiB keys, but each would be
+  // pushed into one shard's downlink: the rule halves until each is at least W keys.
+  const std::vector<uint64_t> tensors(24, 4 * kMiB);
+  ASSERT_LE(LptHeaviestShardBytes(tensors, 4 * kMiB, 3), 32 * kMiB);
+  EXPECT_EQ(BalancedShardUnit(tensors, 3, 4 * kMiB), 1 * kMiB);  // 4 keys each
+  EXPECT_EQ(BalancedShardUnit(tensors, 8, 4 * kMiB), kMiB / 2);  // 8 keys each
+  // With the spread term off (tolerance 1) the even shards are enough: the old rule.
+  EXPECT_EQ(BalancedShardUnit(tensors, 3, 4 * kMiB, kMinBalancedShardUnitBytes,
+                              kShardBalanceTolerance, 1.0),
+            4 * kMiB);
+  // A few small tensors among big ones stay within the spread tolerance: keys stay coarse.
+  std::vector<uint64_t> mixed(20, 64 * kMiB);
+  mixed.push_back(kMiB);
+  mixed.push_back(512 * 1024);
+  EXPECT_EQ(BalancedShardUnit(mixed, 8, 4 * kMiB), 4 * kMiB);
 }
 
 TEST(ShardBalanceTest, StopsAtTheFloorAndKeepsElementsWhole) {
@@ -94,11 +128,16 @@ TEST(ShardBalanceTest, OneShardOrNoBytesKeepsTheSize) {
   EXPECT_EQ(BalancedShardUnit(std::vector<uint64_t>{}, 3, 4 * kMiB), 4 * kMiB);
 }
 
-TEST(ShardBalanceTest, ManySmallTensorsAreBalancedAtThePolicySize) {
-  // Hundreds of small tensors (a DenseNet-like list) balance by themselves.
+TEST(ShardBalanceTest, ManySmallTensorsBalanceByThemselvesButAreCutToSpread) {
+  // Hundreds of small tensors (a DenseNet-like list) balance by themselves at the policy size,
+  // but none of them is spread: the rule goes down to the floor, where the larger ones are.
   std::vector<uint64_t> tensors;
   for (int i = 0; i < 240; ++i) tensors.push_back(4 * (1000 + 97 * i));
-  EXPECT_EQ(BalancedShardUnit(tensors, 3, 4 * kMiB), 4 * kMiB);
+  const uint64_t total = 4ull * (240 * 1000 + 97 * 239 * 240 / 2);
+  EXPECT_LE(LptHeaviestShardBytes(tensors, 4 * kMiB, 3), (1 + kShardBalanceTolerance) * total / 3);
+  EXPECT_EQ(BalancedShardUnit(tensors, 3, 4 * kMiB), kMinBalancedShardUnitBytes);
+  EXPECT_LT(UnspreadShare(tensors, kMinBalancedShardUnitBytes, 3),
+            UnspreadShare(tensors, 4 * kMiB, 3));
 }
 
 }  // namespace
