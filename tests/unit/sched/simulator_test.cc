@@ -332,9 +332,7 @@ TEST(SimulatorTest, EvenShardsStillSpreadEveryTensorAndThatShortensTheIteration)
       {"name": "a", "param_bytes": 4194304, "fwd_us": 15000, "bwd_us": 30000},
       {"name": "b", "param_bytes": 4194304, "fwd_us": 15000, "bwd_us": 30000},
       {"name": "c", "param_bytes": 4194304, "fwd_us": 15000, "bwd_us": 30000}]})");
-  SimConfig c;
-  c.workers = 3;
-  c.bandwidth_bits_per_s = 1e9;
+  SimConfig c = SmallConfig(1e9);
   c.warmup_iterations = 2;
   c.measured_iterations = 3;
   EXPECT_EQ(ShardUnitBytes(p, c), 1u << 20);
