@@ -41,7 +41,9 @@ namespace gradlane::sched {
 inline constexpr uint64_t kMinBalancedShardUnitBytes = 64ull << 10;
 // The heaviest shard may carry this fraction more than total/W.
 inline constexpr double kShardBalanceTolerance = 0.02;
-// At most this share of the bytes may stay unspread (UnspreadShare).
+// At most this share of the bytes may stay unspread (UnspreadShare). Not 0: a big-tensor model's
+// biases and norms (a few per cent of its bytes, each far below W keys of any size the rule
+// allows) would then drive every key down to the floor for no gain.
 inline constexpr double kShardSpreadTolerance = 0.05;
 
 // The heaviest shard's bytes when every tensor is cut into `unit`-byte pieces (the last one
@@ -51,7 +53,8 @@ uint64_t LptHeaviestShardBytes(absl::Span<const uint64_t> tensor_bytes, uint64_t
 
 // The share of the bytes that cannot cross every shard when every tensor is cut into
 // `unit`-byte keys: a tensor of k < shards keys leaves (shards − k)/shards of its bytes
-// unspread. 0 for no bytes.
+// unspread. 0 for no bytes. It counts keys, not owners: LPT puts a tensor's equal keys on
+// different shards as a rule (each one raises its shard's load), not by guarantee.
 double UnspreadShare(absl::Span<const uint64_t> tensor_bytes, uint64_t unit, uint32_t shards);
 
 // The key partition size for a job: `max_unit` halved until LPT's heaviest shard carries at
