@@ -12,8 +12,8 @@
 //     fails the job with a message naming both values.
 //   - Partition k of a tensor is PartitionPlan::Make(bytes, dtype, EnginePartitionBytes(...)),
 //     cut finer where the shards would otherwise be unevenly loaded or a tensor would cross
-//     fewer shards than there are (BalancedKeyBytes); the
-//     shard map is ps::ShardMap over those keys. Both depend only on the frozen list and W.
+//     fewer shards than there are (BalancedKeyBytes); the shard map is ps::ShardMap over those
+//     keys. Both depend only on the frozen list and W.
 //   - The mode (parameter servers or ring all-reduce) is part of the fingerprint and of the
 //     manifest; an all-reduce job has no shard map (every rank reduces a chunk of every
 //     partition, daemon/ring_role.h).

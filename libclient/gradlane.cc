@@ -66,16 +66,16 @@ struct gl_client {
   // Declared after `arena`, so it is destroyed first: it unpins the arena and waits for its
   // copies before the mapping goes.
   std::unique_ptr<DeviceStaging> staging;
-  // GPUDirect: why the last device tensor is staged whole ("" if it was attached), and whether
-  // the device can export dma-bufs at all (-1: not probed yet).
+  // GPUDirect: why the last device tensor is staged whole ("" if it was attached).
   std::string gpudirect_note;
-  // What the GPU allows, probed at the first device tensor.
+  // What the GPU allows (dma-buf export; a NIC's writes ordered or flushable), probed at the
+  // first device tensor.
   enum class GpuDirectProbe { kNotYet, kUsable, kNoDmabuf, kNicWritesInvisible };
   GpuDirectProbe gpudirect_probe = GpuDirectProbe::kNotYet;
   bool flush_nic_writes = false;
   std::string daemon_refused_gpudirect;  // non-empty: the daemon cannot take GPU memory (why)
-  // One dma-buf per allocation, by its first page: the tensors in it share the export (and the
-  // daemon registers that range once). Closed with the client.
+  // One dma-buf per allocation, by its page-aligned [start, end): the tensors in it share the
+  // export (and the daemon registers that range once). Closed with the client.
   std::map<std::pair<uint64_t, uint64_t>, UniqueFd> dmabuf_exports;  // [start, end) -> fd
 };
 
