@@ -94,12 +94,18 @@ grep -q "deb-systemd-invoke stop 'gradlaned.service'" "$tmp/control/prerm" || fa
 for w in "deb-systemd-helper purge 'gradlaned.service'" 'userdel' '/run/gradlane'; do
   grep -qF -- "$w" "$tmp/control/postrm" || fail "postrm (purge) lacks: $w"
 done
-# The library exports the C ABI only, every symbol at version GRADLANE_1 (libclient/gradlane.map).
+# The library exports the C ABI only, every symbol at version GRADLANE_1 or at the later node
+# (GRADLANE_1.N) that libclient/gradlane.map adds it in.
 mkdir "$tmp/lib"
 dpkg -x "${deb[libgradlane1]}" "$tmp/lib"
 exported=$(nm -D --defined-only "$tmp/lib/usr/lib/$triplet/libgradlane.so.1" | awk '{print $3}')
-others=$(grep -v -e '^gl_[a-z_]*@@GRADLANE_1$' -e '^GRADLANE_1$' <<<"$exported")
-[[ -z $others ]] || fail "libgradlane.so.1 exports more than gl_*@@GRADLANE_1: $others"
+others=$(grep -v -E -e '^gl_[a-z_]*@@GRADLANE_1(\.[0-9]+)?$' -e '^GRADLANE_1(\.[0-9]+)?$' <<<"$exported")
+[[ -z $others ]] || fail "libgradlane.so.1 exports more than gl_*@@GRADLANE_1[.N]: $others"
+# Each call of a later node is exported at exactly that node's version.
+while read -r node name; do
+  grep -qxF "$name@@$node" <<<"$exported" || fail "libgradlane.so.1 lacks $name@@$node (libclient/gradlane.map)"
+done < <(awk '/^GRADLANE_1\.[0-9]+ *\{/ {node=$1} node && /^ *gl_[a-z_]*;/ {gsub(/[ ;]/, ""); print node, $0}
+               /^}/ {node=""}' "$src/libclient/gradlane.map")
 grep -q '^gl_connect@@GRADLANE_1$' <<<"$exported" || fail "libgradlane.so.1 does not export gl_connect"
 
 step "unpack into a throw-away root ($root)"
