@@ -44,6 +44,15 @@ uint64_t GradlaneCreditBytes(double bytes_per_s, TimeNs rtt_min, uint64_t messag
          run_bytes / p * (p - 1);
 }
 
+uint64_t GradlaneSliceBytes(uint64_t piece_bytes, uint64_t message_bytes) {
+  const uint64_t message = std::max<uint64_t>(message_bytes, 1);
+  const uint64_t count = std::max<uint64_t>(1, (piece_bytes + message / 2) / message);
+  const uint64_t even = (piece_bytes + count - 1) / count;
+  const uint64_t aligned =
+      (even + kGradlaneSliceAlignBytes - 1) / kGradlaneSliceAlignBytes * kGradlaneSliceAlignBytes;
+  return std::max<uint64_t>(aligned, kGradlaneSliceAlignBytes);
+}
+
 uint32_t GradlaneSliceRound(uint32_t partition, uint64_t slice, uint32_t group) {
   const uint32_t g = std::max<uint32_t>(group, 1);
   return ((partition / g) << 16) | static_cast<uint32_t>(std::min<uint64_t>(slice, 0xffff));
@@ -158,12 +167,13 @@ void GradlanePolicy::OnReady(const ReadyRange& range, TimeNs now) {
   if (queue_.empty()) ring_arrival_ = 0;
   const PartitionPlan plan =
       PartitionPlan::Make(range.tensor_bytes, range.dtype, key_partition_bytes_);
-  const uint64_t slice = message_bytes_;
+  const uint64_t message = message_bytes_;
   CutRange(plan, range, now, [&](const Segment& piece) {
     Segment s = piece;
     const uint64_t end = piece.offset + piece.length;
     const uint64_t partition_start = piece.offset - piece.offset % plan.partition_bytes();
     const uint32_t partition = KeyPartition(piece.key);
+    const uint64_t slice = GradlaneSliceBytes(piece.length, message);
     while (s.offset < end) {
       s.length = std::min(slice, end - s.offset);
       s.round = range.ring_hop ? ring_arrival_

@@ -188,10 +188,14 @@ TEST(GradlanePolicyTest, ABacklogWaitsForRoomForAWholeMessage) {
   auto p = GradlanePolicy::Create(c);
   p->OnReady(Range(1000, 1000, 1, 64ull << 20), 0);
   ASSERT_EQ(p->message_bytes(), delta);
+  // The 4 MiB partitions go in equal slices of about δ (rule 2).
+  const uint64_t slice = GradlaneSliceBytes(kGradlaneDefaultKeyPartitionBytes, delta);
+  ASSERT_LT(3 * GradlaneChargeBytes(slice, 375e6, kTheta), c.credit_bytes);
+  ASSERT_GT(4 * GradlaneChargeBytes(slice, 375e6, kTheta), c.credit_bytes);
   Dispatch d;
   int sent = 0;
   while (p->NextDispatch(0, d)) {
-    ASSERT_EQ(d.bytes, delta);
+    ASSERT_EQ(d.bytes, slice);
     ++sent;
   }
   ASSERT_EQ(sent, 3);
@@ -203,7 +207,7 @@ TEST(GradlanePolicyTest, ABacklogWaitsForRoomForAWholeMessage) {
   EXPECT_FALSE(p->NextDispatch(0, d));
   EXPECT_EQ(p->NextWakeup(0), kNever) << "only an ack can make room";
   // One slice acknowledged: a whole message of small gradients goes, in priority order.
-  p->OnAcked(delta, kMillisecond);
+  p->OnAcked(slice, kMillisecond);
   ASSERT_TRUE(p->NextDispatch(kMillisecond, d));
   EXPECT_EQ(d.bytes, delta - delta % 4096);
   EXPECT_EQ(d.segments.front().priority, 0);
@@ -297,6 +301,33 @@ TEST(GradlanePolicyTest, RingHopsOfOneTensorGoInTheOrderTheyArrived) {
 // every partition of a 400 MB tensor would complete none of them before the whole tensor is
 // through. Partitions go in groups of P + 1 (enough owners to spread over): within a group
 // slice by slice, and the group before the next.
+// Rule 2's slices: round(piece / δ) equal ones, so a piece a little over δ is one message
+// rather than δ and a sliver that pays θ for a few bytes.
+TEST(GradlaneRulesTest, APieceIsCutIntoTheNearestCountOfEqualSlices) {
+  constexpr uint64_t kDelta = 60'000;
+  EXPECT_EQ(GradlaneSliceBytes(65'536, kDelta), 65'536u) << "just over δ: whole";
+  EXPECT_EQ(GradlaneSliceBytes(20'000, kDelta), 20'000u) << "under δ: whole";
+  EXPECT_EQ(GradlaneSliceBytes(89'992, kDelta), 89'992u) << "under 1½δ: whole";
+  EXPECT_EQ(GradlaneSliceBytes(90'000, kDelta), 45'000u) << "1½δ: two halves";
+  EXPECT_EQ(GradlaneSliceBytes(4ull << 20, kDelta), 59'920u) << "70 slices, not 69 and a sliver";
+  for (uint64_t piece :
+       {uint64_t{1}, uint64_t{4'096}, uint64_t{123'457}, uint64_t{4} << 20, uint64_t{400} << 20}) {
+    for (uint64_t delta : {uint64_t{4'096}, kDelta, uint64_t{1} << 20}) {
+      const uint64_t slice = GradlaneSliceBytes(piece, delta);
+      EXPECT_EQ(slice % kGradlaneSliceAlignBytes, 0u) << piece << " " << delta;
+      const uint64_t count = (piece + slice - 1) / slice;
+      // The last slice is the only short one, and by less than one alignment per slice.
+      EXPECT_GE(piece + count * kGradlaneSliceAlignBytes, count * slice) << piece << " " << delta;
+      if (piece >= delta) {
+        EXPECT_GE(4 * slice, 3 * delta - 4 * kGradlaneSliceAlignBytes) << piece << " " << delta;
+        EXPECT_LT(2 * slice, 3 * delta + 2 * kGradlaneSliceAlignBytes) << piece << " " << delta;
+      } else {
+        EXPECT_GE(slice, piece);
+      }
+    }
+  }
+}
+
 TEST(GradlaneRulesTest, RoundsInterleaveSlicesWithinGroupsOfPartitions) {
   constexpr uint32_t kGroup = 3;  // P = 2
   // Within a group: slice j of every partition before slice j + 1 of any.
