@@ -160,8 +160,8 @@ uint64_t GradlaneChargeBytes(uint64_t bytes, double bytes_per_s, TimeNs per_mess
 
 // Rule 2: the slice size for a key piece of `piece_bytes`: the piece cut into round(piece / δ)
 // (at least 1) equal slices, rounded up to kGradlaneSliceAlignBytes. Every slice is one more θ,
-// so a piece just over δ goes whole rather than as δ and a sliver; slices stay within
-// [¾δ, 1½δ) of rule 1's size (a piece under ½δ is one slice of its own size).
+// so a piece under 1½δ goes whole rather than as δ and a sliver; a longer one goes in slices
+// of ¾δ to 1¼δ.
 uint64_t GradlaneSliceBytes(uint64_t piece_bytes, uint64_t message_bytes);
 
 // Rule 2: Segment::round of slice `slice` of key partition `partition`: partitions go in groups
