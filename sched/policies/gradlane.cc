@@ -44,13 +44,16 @@ uint64_t GradlaneCreditBytes(double bytes_per_s, TimeNs rtt_min, uint64_t messag
          run_bytes / p * (p - 1);
 }
 
-uint64_t GradlaneSliceBytes(uint64_t piece_bytes, uint64_t message_bytes) {
+uint64_t GradlaneSliceCount(uint64_t piece_bytes, uint64_t message_bytes) {
   const uint64_t message = std::max<uint64_t>(message_bytes, 1);
-  const uint64_t count = std::max<uint64_t>(1, (piece_bytes + message / 2) / message);
-  const uint64_t even = (piece_bytes + count - 1) / count;
-  const uint64_t aligned =
-      (even + kGradlaneSliceAlignBytes - 1) / kGradlaneSliceAlignBytes * kGradlaneSliceAlignBytes;
-  return std::max<uint64_t>(aligned, kGradlaneSliceAlignBytes);
+  return std::max<uint64_t>(1, piece_bytes / message +
+                                   (piece_bytes % message >= message - message / 2));
+}
+
+uint64_t GradlaneSliceStart(uint64_t piece_bytes, uint64_t count, uint64_t k) {
+  if (count == 0 || k >= count) return piece_bytes;
+  const auto exact = static_cast<uint64_t>(static_cast<unsigned __int128>(k) * piece_bytes / count);
+  return exact - exact % kGradlaneSliceAlignBytes;
 }
 
 uint32_t GradlaneSliceRound(uint32_t partition, uint64_t slice, uint32_t group) {
@@ -170,17 +173,26 @@ void GradlanePolicy::OnReady(const ReadyRange& range, TimeNs now) {
   const uint64_t message = message_bytes_;
   CutRange(plan, range, now, [&](const Segment& piece) {
     Segment s = piece;
-    const uint64_t end = piece.offset + piece.length;
     const uint64_t partition_start = piece.offset - piece.offset % plan.partition_bytes();
+    const uint64_t partition_bytes =
+        std::min(plan.partition_bytes(), range.tensor_bytes - partition_start);
+    const uint64_t partition_slices = GradlaneSliceCount(partition_bytes, message);
     const uint32_t partition = KeyPartition(piece.key);
-    const uint64_t slice = GradlaneSliceBytes(piece.length, message);
-    while (s.offset < end) {
-      s.length = std::min(slice, end - s.offset);
-      s.round = range.ring_hop ? ring_arrival_
-                               : GradlaneSliceRound(partition, (s.offset - partition_start) / slice,
-                                                    peers_ + 1);
+    const uint64_t count = GradlaneSliceCount(piece.length, message);
+    for (uint64_t k = 0; k < count; ++k) {
+      const uint64_t begin = GradlaneSliceStart(piece.length, count, k);
+      const uint64_t next = GradlaneSliceStart(piece.length, count, k + 1);
+      if (next == begin) continue;
+      s.offset = piece.offset + begin;
+      s.length = next - begin;
+      // The round is that of the partition's own slice under this slice's middle, so that the
+      // pieces of one partition that arrive separately (a shard's pulls as ranges reduce) take
+      // the rounds a whole partition's slices would.
+      const uint64_t middle = s.offset + s.length / 2 - partition_start;
+      const auto index = static_cast<uint64_t>(static_cast<unsigned __int128>(middle) *
+                                               partition_slices / partition_bytes);
+      s.round = range.ring_hop ? ring_arrival_ : GradlaneSliceRound(partition, index, peers_ + 1);
       queue_.Push(s);
-      s.offset += s.length;
     }
   });
   if (range.ring_hop) ++ring_arrival_;

@@ -20,7 +20,7 @@
 //   least a page (kGradlaneMinMessageBytes says why).
 // Rule 2, slicing. A ready range is cut into the daemon's key partitions (configured δ_key,
 //   default 4 MiB, the same keys as bytescheduler so that the shard map is unchanged) and each
-//   partition piece into equal slices of about δ (GradlaneSliceBytes): the slice is the
+//   partition piece into equal slices of about δ (GradlaneSliceCount): the slice is the
 //   preemption granularity. As many slices as round(piece / δ), not ceil: every slice pays θ,
 //   and a piece just over δ cut at δ went as a message and a sliver (the balance rule's
 //   64 KiB keys at δ ≈ 61 kB: shufflenet_v2 at 10 Gbit/s, W = 8, ρ = 1, 510 messages per host
@@ -158,11 +158,14 @@ uint64_t GradlaneCreditBytes(double bytes_per_s, TimeNs rtt_min, uint64_t messag
 // What a dispatch of `bytes` costs the window: its bytes plus θ·B.
 uint64_t GradlaneChargeBytes(uint64_t bytes, double bytes_per_s, TimeNs per_message_ns);
 
-// Rule 2: the slice size for a key piece of `piece_bytes`: the piece cut into round(piece / δ)
-// (at least 1) equal slices, rounded up to kGradlaneSliceAlignBytes. Every slice is one more θ,
-// so a piece under 1½δ goes whole rather than as δ and a sliver; a longer one goes in slices
-// of ¾δ to 1¼δ.
-uint64_t GradlaneSliceBytes(uint64_t piece_bytes, uint64_t message_bytes);
+// Rule 2: how many slices a key piece of `piece_bytes` is cut into: round(piece / δ), at least
+// 1. Every slice is one more θ, so a piece under 1½δ goes whole rather than as δ and a sliver,
+// and a longer one goes in slices of ¾δ to 1¼δ.
+uint64_t GradlaneSliceCount(uint64_t piece_bytes, uint64_t message_bytes);
+// Where slice k of `count` starts within a piece of `piece_bytes`: k·piece / count rounded down to
+// kGradlaneSliceAlignBytes (piece_bytes for k >= count). The slices' lengths differ by less
+// than twice the alignment, so no slice is a sliver.
+uint64_t GradlaneSliceStart(uint64_t piece_bytes, uint64_t count, uint64_t k);
 
 // Rule 2: Segment::round of slice `slice` of key partition `partition`: partitions go in groups
 // of `group` (P + 1), and within a group slice j of every partition before slice j + 1 of any.

@@ -3,6 +3,7 @@
 // fusion that keeps each peer's priority order, and adaptation to a bandwidth change.
 #include "sched/policies/gradlane.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -188,14 +189,20 @@ TEST(GradlanePolicyTest, ABacklogWaitsForRoomForAWholeMessage) {
   auto p = GradlanePolicy::Create(c);
   p->OnReady(Range(1000, 1000, 1, 64ull << 20), 0);
   ASSERT_EQ(p->message_bytes(), delta);
-  // The 4 MiB partitions go in equal slices of about δ (rule 2).
-  const uint64_t slice = GradlaneSliceBytes(kGradlaneDefaultKeyPartitionBytes, delta);
-  ASSERT_LT(3 * GradlaneChargeBytes(slice, 375e6, kTheta), c.credit_bytes);
-  ASSERT_GT(4 * GradlaneChargeBytes(slice, 375e6, kTheta), c.credit_bytes);
+  // The 4 MiB partitions go in equal slices of about δ (rule 2), their lengths within the
+  // alignment of each other.
+  const uint64_t count = GradlaneSliceCount(kGradlaneDefaultKeyPartitionBytes, delta);
+  const uint64_t slice = kGradlaneDefaultKeyPartitionBytes / count;
+  ASSERT_LT(3 * GradlaneChargeBytes(slice + kGradlaneSliceAlignBytes, 375e6, kTheta),
+            c.credit_bytes);
+  ASSERT_GT(4 * GradlaneChargeBytes(slice - kGradlaneSliceAlignBytes, 375e6, kTheta),
+            c.credit_bytes);
   Dispatch d;
   int sent = 0;
+  uint64_t first = 0;
   while (p->NextDispatch(0, d)) {
-    ASSERT_EQ(d.bytes, slice);
+    ASSERT_NEAR(static_cast<double>(d.bytes), static_cast<double>(slice), kGradlaneSliceAlignBytes);
+    if (sent == 0) first = d.bytes;
     ++sent;
   }
   ASSERT_EQ(sent, 3);
@@ -207,7 +214,7 @@ TEST(GradlanePolicyTest, ABacklogWaitsForRoomForAWholeMessage) {
   EXPECT_FALSE(p->NextDispatch(0, d));
   EXPECT_EQ(p->NextWakeup(0), kNever) << "only an ack can make room";
   // One slice acknowledged: a whole message of small gradients goes, in priority order.
-  p->OnAcked(slice, kMillisecond);
+  p->OnAcked(first, kMillisecond);
   ASSERT_TRUE(p->NextDispatch(kMillisecond, d));
   EXPECT_EQ(d.bytes, delta - delta % 4096);
   EXPECT_EQ(d.segments.front().priority, 0);
@@ -297,37 +304,59 @@ TEST(GradlanePolicyTest, RingHopsOfOneTensorGoInTheOrderTheyArrived) {
   EXPECT_EQ(d.segments[0].offset, 2 * kChunk) << "chunk 2 (partition 1's first slice) first";
 }
 
-// The daemon reduces and pulls a key partition once all of it has arrived, so round-robin over
-// every partition of a 400 MB tensor would complete none of them before the whole tensor is
-// through. Partitions go in groups of P + 1 (enough owners to spread over): within a group
-// slice by slice, and the group before the next.
 // Rule 2's slices: round(piece / δ) equal ones, so a piece a little over δ is one message
 // rather than δ and a sliver that pays θ for a few bytes.
 TEST(GradlaneRulesTest, APieceIsCutIntoTheNearestCountOfEqualSlices) {
   constexpr uint64_t kDelta = 60'000;
-  EXPECT_EQ(GradlaneSliceBytes(65'536, kDelta), 65'536u) << "just over δ: whole";
-  EXPECT_EQ(GradlaneSliceBytes(20'000, kDelta), 20'000u) << "under δ: whole";
-  EXPECT_EQ(GradlaneSliceBytes(89'992, kDelta), 89'992u) << "under 1½δ: whole";
-  EXPECT_EQ(GradlaneSliceBytes(90'000, kDelta), 45'000u) << "1½δ: two halves";
-  EXPECT_EQ(GradlaneSliceBytes(4ull << 20, kDelta), 59'920u) << "70 slices, not 69 and a sliver";
-  for (uint64_t piece :
-       {uint64_t{1}, uint64_t{4'096}, uint64_t{123'457}, uint64_t{4} << 20, uint64_t{400} << 20}) {
+  EXPECT_EQ(GradlaneSliceCount(65'536, kDelta), 1u) << "just over δ: whole";
+  EXPECT_EQ(GradlaneSliceCount(20'000, kDelta), 1u) << "under δ: whole";
+  EXPECT_EQ(GradlaneSliceCount(89'992, kDelta), 1u) << "under 1½δ: whole";
+  EXPECT_EQ(GradlaneSliceCount(90'000, kDelta), 2u) << "1½δ: two halves";
+  EXPECT_EQ(GradlaneSliceStart(90'000, 2, 1), 45'000u);
+  EXPECT_EQ(GradlaneSliceCount(4ull << 20, kDelta), 70u) << "70 slices, not 69 and a sliver";
+  EXPECT_EQ(GradlaneSliceStart(4ull << 20, 70, 1), 59'912u) << "4 MiB / 70, aligned down";
+  // Rounding every slice up to the alignment once left the last one a sliver: 512 slices of
+  // 4,104 bytes and a last one of 10.
+  EXPECT_EQ(GradlaneSliceCount(2'097'154, 4'096), 512u);
+  EXPECT_GE(2'097'154 - GradlaneSliceStart(2'097'154, 512, 511), 4'096u - 8);
+  // k·piece does not overflow: 2^33 slices of a 32 TiB piece.
+  EXPECT_EQ(GradlaneSliceStart(uint64_t{1} << 45, uint64_t{1} << 33, (uint64_t{1} << 33) - 1),
+            (uint64_t{1} << 45) - 4'096);
+  for (uint64_t piece : {uint64_t{1}, uint64_t{4'096}, uint64_t{123'457}, uint64_t{2'097'154},
+                         uint64_t{4} << 20, uint64_t{400} << 20}) {
     for (uint64_t delta : {uint64_t{4'096}, kDelta, uint64_t{1} << 20}) {
-      const uint64_t slice = GradlaneSliceBytes(piece, delta);
-      EXPECT_EQ(slice % kGradlaneSliceAlignBytes, 0u) << piece << " " << delta;
-      const uint64_t count = (piece + slice - 1) / slice;
-      // The last slice is the only short one, and by less than one alignment per slice.
-      EXPECT_GE(piece + count * kGradlaneSliceAlignBytes, count * slice) << piece << " " << delta;
-      if (piece >= delta) {
-        EXPECT_GE(4 * slice, 3 * delta - 4 * kGradlaneSliceAlignBytes) << piece << " " << delta;
-        EXPECT_LT(2 * slice, 3 * delta + 2 * kGradlaneSliceAlignBytes) << piece << " " << delta;
-      } else {
-        EXPECT_GE(slice, piece);
+      const uint64_t count = GradlaneSliceCount(piece, delta);
+      EXPECT_GE(count, 1u);
+      EXPECT_EQ(GradlaneSliceStart(piece, count, 0), 0u);
+      EXPECT_EQ(GradlaneSliceStart(piece, count, count), piece);
+      if (count == 1) {
+        EXPECT_LT(2 * piece, 3 * delta) << piece << " " << delta << ": whole only under 1½δ";
+        continue;
       }
+      uint64_t shortest = piece;
+      uint64_t longest = 0;
+      for (uint64_t k = 0; k < count; ++k) {
+        const uint64_t begin = GradlaneSliceStart(piece, count, k);
+        const uint64_t end = GradlaneSliceStart(piece, count, k + 1);
+        if (k + 1 < count) {
+          ASSERT_EQ(end % kGradlaneSliceAlignBytes, 0u) << piece << " " << k;
+        }
+        ASSERT_GT(end, begin) << piece << " " << delta << " " << k;
+        shortest = std::min(shortest, end - begin);
+        longest = std::max(longest, end - begin);
+      }
+      // Interior slices are piece / count ± the alignment, the last one up to it longer.
+      EXPECT_LT(longest - shortest, 2 * kGradlaneSliceAlignBytes) << piece << " " << delta;
+      EXPECT_GE(4 * shortest + 4 * kGradlaneSliceAlignBytes, 3 * delta) << piece << " " << delta;
+      EXPECT_LE(4 * longest, 5 * delta + 4 * kGradlaneSliceAlignBytes) << piece << " " << delta;
     }
   }
 }
 
+// The daemon reduces and pulls a key partition once all of it has arrived, so round-robin over
+// every partition of a 400 MB tensor would complete none of them before the whole tensor is
+// through. Partitions go in groups of P + 1 (enough owners to spread over): within a group
+// slice by slice, and the group before the next.
 TEST(GradlaneRulesTest, RoundsInterleaveSlicesWithinGroupsOfPartitions) {
   constexpr uint32_t kGroup = 3;  // P = 2
   // Within a group: slice j of every partition before slice j + 1 of any.
