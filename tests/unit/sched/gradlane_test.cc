@@ -189,8 +189,8 @@ TEST(GradlanePolicyTest, ABacklogWaitsForRoomForAWholeMessage) {
   auto p = GradlanePolicy::Create(c);
   p->OnReady(Range(1000, 1000, 1, 64ull << 20), 0);
   ASSERT_EQ(p->message_bytes(), delta);
-  // The 4 MiB partitions go in equal slices of about δ (rule 2), their lengths within the
-  // alignment of each other.
+  // The 4 MiB partitions go in equal slices of about δ (rule 2), each within the alignment of
+  // 4 MiB / count.
   const uint64_t count = GradlaneSliceCount(kGradlaneDefaultKeyPartitionBytes, delta);
   const uint64_t slice = kGradlaneDefaultKeyPartitionBytes / count;
   ASSERT_LT(3 * GradlaneChargeBytes(slice + kGradlaneSliceAlignBytes, 375e6, kTheta),
