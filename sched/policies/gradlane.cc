@@ -179,10 +179,11 @@ void GradlanePolicy::OnReady(const ReadyRange& range, TimeNs now) {
     const uint64_t partition_slices = GradlaneSliceCount(partition_bytes, message);
     const uint32_t partition = KeyPartition(piece.key);
     const uint64_t count = GradlaneSliceCount(piece.length, message);
+    // Slices are at least ¾ of a page (GradlaneSliceCount, kGradlaneMinMessageBytes), so no
+    // two boundaries coincide and every slice below is non-empty.
+    uint64_t begin = 0;
     for (uint64_t k = 0; k < count; ++k) {
-      const uint64_t begin = GradlaneSliceStart(piece.length, count, k);
       const uint64_t next = GradlaneSliceStart(piece.length, count, k + 1);
-      if (next == begin) continue;
       s.offset = piece.offset + begin;
       s.length = next - begin;
       // The round is that of the partition's own slice under this slice's middle, so that the
@@ -193,6 +194,7 @@ void GradlanePolicy::OnReady(const ReadyRange& range, TimeNs now) {
                                                partition_slices / partition_bytes);
       s.round = range.ring_hop ? ring_arrival_ : GradlaneSliceRound(partition, index, peers_ + 1);
       queue_.Push(s);
+      begin = next;
     }
   });
   if (range.ring_hop) ++ring_arrival_;
