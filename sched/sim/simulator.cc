@@ -68,6 +68,85 @@ std::vector<std::vector<OwnedRange>> AssignShards(const ModelProfile& profile, i
   return owned;
 }
 
+// The laggard chain (ps mode; simulator.h says why it bounds every schedule): the least time one
+// iteration can add to the latest start of the last layer's forward, G(k) = max_w G(k, w), given
+// that the host λ where G(k, λ) = G(k) carries all of its own uplink traffic of iteration k
+// between then and G(k + 1). Measured from G(k, λ): λ's gradient of layer l is ready at fc + r_l
+// (fc the last layer's forward, r_l the layer's ready time), and its push of l and its shard's
+// pulls of l both need it; the pull of l to a worker arrives before that worker's forward of l,
+// at most tail_l = Σ fwd of layers l..n−2 before G(k + 1), so it leaves λ L earlier and a push
+// 2L earlier. A single port with release times and deadlines has room for them only if every
+// window [α, D − β] holds the work released at or after α and due at or before D − β (Horn):
+// D ≥ α + β + that work, for every α and β. Also D ≥ C (λ's own compute). Which host lags is
+// the schedule's choice, so the chain uses the host for which D is least.
+struct LaggardChain {
+  TimeNs per_iteration_ns = 0;
+  int host = 0;
+};
+
+LaggardChain LaggardChainBound(const ModelProfile& profile, const SimConfig& config,
+                               const std::vector<std::vector<OwnedRange>>& owned) {
+  const size_t n = profile.layers.size();
+  const TimeNs fc = profile.layers[n - 1].fwd_ns;
+  // tail[l] = Σ fwd of layers l..n−2: the forward the worker still runs after layer l's pull is
+  // needed and before its last layer's forward starts.
+  std::vector<TimeNs> tail(n, 0);
+  for (size_t l = n - 1; l-- > 0;) tail[l] = tail[l + 1] + profile.layers[l].fwd_ns;
+  const double ns_per_byte = 8e9 / config.bandwidth_bits_per_s;
+  struct Job {
+    TimeNs release;
+    TimeNs tail;
+    double work_ns;
+  };
+  LaggardChain best{std::numeric_limits<TimeNs>::max(), 0};
+  std::vector<Job> jobs;
+  std::vector<Job> window;
+  for (int lag = 0; lag < config.workers; ++lag) {
+    jobs.clear();
+    for (size_t l = 0; l < n; ++l) {
+      uint64_t own = 0;
+      for (const OwnedRange& r : owned[l]) own += r.owner == lag ? r.length : 0;
+      const uint64_t bytes = profile.layers[l].param_bytes;
+      const TimeNs release = fc + profile.layers[l].ready_ns;
+      // A policy's messages each round their wire time to the nearest ns (Engine::TxNs), so
+      // the work is counted 1 ns per 4 KiB short, as in the all-reduce bound.
+      auto work_ns = [&](uint64_t b) {
+        return std::max(0.0, static_cast<double>(b) * ns_per_byte -
+                                 static_cast<double>((b + 4095) / 4096));
+      };
+      if (bytes > own) {
+        jobs.push_back({release, tail[l] + 2 * config.latency_ns, work_ns(bytes - own)});
+      }
+      if (own > 0 && config.workers > 1) {
+        jobs.push_back({release, tail[l] + config.latency_ns,
+                        work_ns(own * static_cast<uint64_t>(config.workers - 1))});
+      }
+    }
+    double d = static_cast<double>(profile.ComputeNs());
+    for (const Job& from : jobs) {
+      const TimeNs alpha = from.release;
+      window.clear();
+      for (const Job& j : jobs) {
+        if (j.release >= alpha) window.push_back(j);
+      }
+      // By deadline, latest first: the work due at or before D − β is a prefix of those with
+      // the longest tails.
+      std::sort(window.begin(), window.end(),
+                [](const Job& a, const Job& b) { return a.tail > b.tail; });
+      double work = 0;
+      for (size_t i = 0; i < window.size(); ++i) {
+        work += window[i].work_ns;
+        if (i + 1 < window.size() && window[i + 1].tail == window[i].tail) continue;
+        d = std::max(d, static_cast<double>(alpha) + static_cast<double>(window[i].tail) + work);
+      }
+    }
+    // Rounded down: the bound must not exceed what it bounds by a nanosecond of rounding.
+    const auto lagging = static_cast<TimeNs>(std::floor(d));
+    if (lagging < best.per_iteration_ns) best = {lagging, lag};
+  }
+  return best;
+}
+
 }  // namespace
 
 uint64_t ShardUnitBytes(const ModelProfile& profile, const SimConfig& config) {
@@ -1399,7 +1478,8 @@ absl::StatusOr<SimResult> SimulateIdeal(const ModelProfile& profile, const SimCo
     if (r.ok()) r->variant = "all-reduce: every uplink + ring chain";
     return r;
   }
-  // The bound is the largest of the single-port relaxations: each is a lower bound on its own.
+  // The bound is the largest of the single-port relaxations and the laggard chain: each is a
+  // lower bound on its own.
   std::optional<SimResult> bound;
   for (int host = 0; host < config.workers; ++host) {
     for (bool uplink : {true, false}) {
@@ -1411,6 +1491,27 @@ absl::StatusOr<SimResult> SimulateIdeal(const ModelProfile& profile, const SimCo
         bound = *std::move(r);
       }
     }
+  }
+  const LaggardChain chain = LaggardChainBound(
+      profile, config, AssignShards(profile, config.workers, ShardUnitBytes(profile, config)));
+  // From a cold start: the last host to reach its last layer's forward in iteration 0 does so
+  // at its start skew plus the forward before it; each iteration adds at least the chain; the
+  // last one adds the rest of its compute before the next start.
+  const int64_t iterations = config.warmup_iterations + config.measured_iterations;
+  const TimeNs chain_total = (config.workers - 1) * config.start_skew_ns + profile.ComputeNs() +
+                             (iterations - 1) * chain.per_iteration_ns;
+  bound->total_ns = std::max(bound->total_ns, chain_total);
+  bound->single_port_mean_ns = bound->mean_iteration_ns;
+  if (static_cast<double>(chain.per_iteration_ns) > bound->mean_iteration_ns) {
+    bound->variant = absl::StrCat("laggard chain, host ", chain.host, " uplink");
+    bound->iteration_ns.assign(bound->iteration_ns.size(), chain.per_iteration_ns);
+    bound->mean_iteration_ns = static_cast<double>(chain.per_iteration_ns);
+    const double t = bound->mean_iteration_ns;
+    const double c = static_cast<double>(bound->compute_ns);
+    const double comm = bound->comm_ns;
+    bound->gpu_idle_share = t > 0 ? (t - c) / t : 0.0;
+    bound->alpha = comm > 0 && c > 0 ? (comm + c - t) / std::min(comm, c)
+                                     : std::numeric_limits<double>::quiet_NaN();
   }
   return *std::move(bound);
 }

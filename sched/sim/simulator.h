@@ -25,7 +25,8 @@
 //    gone, dependencies are per layer); then backward, gradients posted at their ready times.
 //    The GPU runs one thing at a time.
 //
-// The ideal bound (SimulateIdeal) is the largest of 2W single-port relaxations. Relaxation p
+// The ideal bound (SimulateIdeal) is the largest of 2W single-port relaxations and the laggard
+// chain (below). Relaxation p
 // keeps everything of a policy run — workers, profile, key → shard assignment, latency — except
 // that (1) every port but p (one host's uplink or downlink) has infinite bandwidth, (2) there is
 // no per-message overhead, no aggregation time and no credit window, and (3) port p carries
@@ -48,6 +49,21 @@
 //    most one piece time at p per preemption (≤ 20 µs at ≥ 6.5 Gbit/s): well below the θ every
 //    policy pays per message. A randomised test checks the bound against every policy on
 //    hundreds of small models and configs.
+// The laggard chain (ps mode) is the other half of the bound, for what no single port sees: with
+// every other port free, relaxation p lets its own host run ahead and send the others' pulls during
+// its next iteration's compute, so hosts drift apart in a way no real network allows (one 2 MiB
+// layer on W = 2 at 1 Gbit/s: the relaxations give 16.8 ms, every schedule takes 19.8). Let G(k) be
+// the latest start, over the workers, of the last layer's forward in iteration k, and λ a worker
+// that starts it then. Every pull of iteration k needs λ's gradient, ready fc + r_l after G(k) (fc:
+// the last layer's forward, r_l: the layer's ready time), and λ's own pushes need it too; a pull of
+// layer l must reach its worker before that worker's forward of l, which is at least tail_l = Σ fwd
+// of layers l..n−2 before G(k + 1), so λ's uplink sends it by G(k + 1) − tail_l − latency, and a
+// push by G(k + 1) − tail_l − 2·latency (it crosses to the shard and comes back). On one port with
+// releases, deadlines and preemption the work inside every window [α, D − β] must fit (Horn), so
+// G(k + 1) − G(k) ≥ D = max over α, β of α + β + the work released at or after α and due at or
+// before D − β, and ≥ C. Which worker lags is the schedule's choice: the chain takes the worker
+// whose D is least. From a cold start, T(K) ≥ (W − 1)·start skew + C + (K − 1)·D. Each message's
+// wire time is rounded to the nearest ns, so the work counts 1 ns per 4 KiB short.
 // SimulateFluid, for reference only, constrains every port at once with the same fluid priority
 // schedule: closer to what a perfect scheduler could achieve, but greedy priority is not optimal
 // on a network of ports, so it is NOT a bound (a policy can beat it when the shards are
@@ -221,6 +237,9 @@ struct SimResult {
   std::string variant;               // the ideal bound: which port's relaxation gave it
   std::vector<TimeNs> iteration_ns;  // T(k) for each measured iteration
   double mean_iteration_ns = 0;
+  // The ideal bound in ps mode: the largest single-port relaxation's mean alone (the bound is
+  // that or the laggard chain, whichever is larger). 0 otherwise.
+  double single_port_mean_ns = 0;
   // From a cold start (t = 0, every worker beginning iteration 0) to max_w S(warmup+measured, w):
   // the time to run all simulated iterations. This, not the windowed mean, is what the ideal
   // bound bounds exactly: a short window can look faster than the steady state when a policy
