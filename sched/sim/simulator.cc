@@ -100,7 +100,7 @@ LaggardChain LaggardChainBound(const ModelProfile& profile, const SimConfig& con
   };
   LaggardChain best{std::numeric_limits<TimeNs>::max(), 0};
   std::vector<Job> jobs;
-  std::vector<Job> window;
+  std::vector<TimeNs> releases;
   for (int lag = 0; lag < config.workers; ++lag) {
     jobs.clear();
     for (size_t l = 0; l < n; ++l) {
@@ -109,7 +109,9 @@ LaggardChain LaggardChainBound(const ModelProfile& profile, const SimConfig& con
       const uint64_t bytes = profile.layers[l].param_bytes;
       const TimeNs release = fc + profile.layers[l].ready_ns;
       // A policy's messages each round their wire time to the nearest ns (Engine::TxNs), so
-      // the work is counted 1 ns per 4 KiB short, as in the all-reduce bound.
+      // the work is counted 1 ns per 4 KiB short, as in the all-reduce bound. (With θ ≥ 1 ns
+      // no allowance is needed: θ + round(x) > x. With θ = 0 it assumes messages of 4 KiB on
+      // average: a policy sending a few bytes per message could gain more from rounding.)
       auto work_ns = [&](uint64_t b) {
         return std::max(0.0, static_cast<double>(b) * ns_per_byte -
                                  static_cast<double>((b + 4095) / 4096));
@@ -122,22 +124,24 @@ LaggardChain LaggardChainBound(const ModelProfile& profile, const SimConfig& con
                         work_ns(own * static_cast<uint64_t>(config.workers - 1))});
       }
     }
+    // By deadline, latest first: the work due at or before D − β is then a prefix (of the jobs
+    // released at or after α) for every β; each distinct release is one α.
+    std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.tail > b.tail; });
+    releases.clear();
+    for (const Job& j : jobs) releases.push_back(j.release);
+    std::sort(releases.begin(), releases.end());
+    releases.erase(std::unique(releases.begin(), releases.end()), releases.end());
     double d = static_cast<double>(profile.ComputeNs());
-    for (const Job& from : jobs) {
-      const TimeNs alpha = from.release;
-      window.clear();
-      for (const Job& j : jobs) {
-        if (j.release >= alpha) window.push_back(j);
-      }
-      // By deadline, latest first: the work due at or before D − β is a prefix of those with
-      // the longest tails.
-      std::sort(window.begin(), window.end(),
-                [](const Job& a, const Job& b) { return a.tail > b.tail; });
+    for (const TimeNs alpha : releases) {
       double work = 0;
-      for (size_t i = 0; i < window.size(); ++i) {
-        work += window[i].work_ns;
-        if (i + 1 < window.size() && window[i + 1].tail == window[i].tail) continue;
-        d = std::max(d, static_cast<double>(alpha) + static_cast<double>(window[i].tail) + work);
+      bool any = false;
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        if (jobs[i].release >= alpha) {
+          work += jobs[i].work_ns;
+          any = true;
+        }
+        if (!any || (i + 1 < jobs.size() && jobs[i + 1].tail == jobs[i].tail)) continue;
+        d = std::max(d, static_cast<double>(alpha) + static_cast<double>(jobs[i].tail) + work);
       }
     }
     // Rounded down: the bound must not exceed what it bounds by a nanosecond of rounding.

@@ -63,7 +63,10 @@
 // G(k + 1) − G(k) ≥ D = max over α, β of α + β + the work released at or after α and due at or
 // before D − β, and ≥ C. Which worker lags is the schedule's choice: the chain takes the worker
 // whose D is least. From a cold start, T(K) ≥ (W − 1)·start skew + C + (K − 1)·D. Each message's
-// wire time is rounded to the nearest ns, so the work counts 1 ns per 4 KiB short.
+// wire time is rounded to the nearest ns, so the work counts 1 ns per 4 KiB short (enough with θ ≥
+// 1 ns, where none is needed, and with θ = 0 for messages of 4 KiB on average). The bound's
+// iteration_ns are D each, a steady-state figure: over m measured iterations a policy's mean is at
+// least ((m − 1)·D + C)/m, since iterations are measured from start to start and the chain steps G.
 // SimulateFluid, for reference only, constrains every port at once with the same fluid priority
 // schedule: closer to what a perfect scheduler could achieve, but greedy priority is not optimal
 // on a network of ports, so it is NOT a bound (a policy can beat it when the shards are
