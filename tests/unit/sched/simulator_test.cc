@@ -530,16 +530,24 @@ void ExpectNoPolicyBeats(const ModelProfile& p, const SimConfig& c, TimeNs bound
 }
 
 // The bound against many small random models and configs, including policies without overhead
-// that come close to it: a seeded generator, so a failure is reproducible.
+// that come close to it: a seeded generator, so a failure is reproducible. As in the all-reduce
+// test below, GRADLANE_SIM_TRIALS=N runs N trials instead of 80 and GRADLANE_SIM_SEED another
+// seed; GRADLANE_SIM_MAX_WORKERS=W draws W up to W instead of 4, for a longer search.
 TEST(SimulatorTest, IdealBoundHoldsOnRandomSmallModels) {
-  std::mt19937_64 rng(std::getenv("SEED") ? atoll(std::getenv("SEED")) : 20261122);
+  const char* trials_env = std::getenv("GRADLANE_SIM_TRIALS");
+  const char* seed_env = std::getenv("GRADLANE_SIM_SEED");
+  const char* workers_env = std::getenv("GRADLANE_SIM_MAX_WORKERS");
+  const int trials = trials_env != nullptr ? std::atoi(trials_env) : 80;
+  const uint64_t max_workers =
+      workers_env != nullptr ? std::max<uint64_t>(2, std::strtoull(workers_env, nullptr, 10)) : 4;
+  std::mt19937_64 rng(seed_env != nullptr ? std::strtoull(seed_env, nullptr, 10) : 20261122);
   auto uniform = [&](uint64_t lo, uint64_t hi) { return lo + rng() % (hi - lo + 1); };
-  for (int trial = 0; trial < (std::getenv("TRIALS") ? atoi(std::getenv("TRIALS")) : 80); ++trial) {
+  for (int trial = 0; trial < trials; ++trial) {
     const int layers = static_cast<int>(uniform(1, 6));
     const std::string json = RandomModelJson(layers, /*tiny=*/false, uniform);
     const ModelProfile p = MustParse(json);
     SimConfig c = SmallConfig(1e9 * static_cast<double>(uniform(1, 40)) / 4);
-    c.workers = static_cast<int>(uniform(2, 4));
+    c.workers = static_cast<int>(uniform(2, max_workers));
     c.overhead_ns = static_cast<TimeNs>(uniform(0, 1) * 50'000);
     c.latency_ns = static_cast<TimeNs>(uniform(0, 50'000));
     c.aggregation_bytes_per_s = uniform(0, 1) ? 0 : 20e9;
