@@ -61,6 +61,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/job.h"
+#include "sched/partitioner.h"
 #include "sched/types.h"
 #include "transport/transport.h"
 
@@ -120,7 +121,7 @@ class RingRole {
   // Chunk `c` of a partition of `elems` elements of `esize` bytes among `world` ranks: its
   // offset within the partition and its length, in bytes.
   static uint64_t ChunkBegin(uint64_t elems, uint32_t world, uint32_t c, uint64_t esize) {
-    return (uint64_t{c} * elems / world) * esize;
+    return sched::EvenSplitPoint(elems, world, c) * esize;
   }
 
  private:

@@ -85,6 +85,14 @@ class PartitionPlan {
   uint64_t partition_bytes_;  // > 0, multiple of the element size
 };
 
+// Where part k of `total` cut into `parts` near-equal parts begins: floor(k·total / parts), the
+// product taken in 128 bits so that no operand overflows it. Consecutive parts differ in length
+// by at most one. The one even split shared by gradlane's slices, the ring's chunks (daemon and
+// simulator), so that all of them cut the same way. Requires parts > 0.
+constexpr uint64_t EvenSplitPoint(uint64_t total, uint64_t parts, uint64_t k) {
+  return static_cast<uint64_t>(static_cast<unsigned __int128>(k) * total / parts);
+}
+
 // Cuts a ReadyRange with `plan` and hands each piece to fn(const Segment&), filled in from the
 // range (key = tensor_id << 16 | partition, ready_at = now). Never allocates.
 template <typename Fn>

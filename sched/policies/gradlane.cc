@@ -52,7 +52,7 @@ uint64_t GradlaneSliceCount(uint64_t piece_bytes, uint64_t message_bytes) {
 
 uint64_t GradlaneSliceStart(uint64_t piece_bytes, uint64_t count, uint64_t k) {
   if (count == 0 || k >= count) return piece_bytes;
-  const auto exact = static_cast<uint64_t>(static_cast<unsigned __int128>(k) * piece_bytes / count);
+  const uint64_t exact = EvenSplitPoint(piece_bytes, count, k);
   return exact - exact % kGradlaneSliceAlignBytes;
 }
 
@@ -189,9 +189,10 @@ void GradlanePolicy::OnReady(const ReadyRange& range, TimeNs now) {
       // The round is that of the partition's own slice under this slice's middle, so that the
       // pieces of one partition that arrive separately (a shard's pulls as ranges reduce) take
       // the rounds a whole partition's slices would.
+      // (Slice j of the partition spans [j·bytes/slices, (j + 1)·bytes/slices): the one under
+      // byte m is floor(m·slices / bytes).)
       const uint64_t middle = s.offset + s.length / 2 - partition_start;
-      const auto index = static_cast<uint64_t>(static_cast<unsigned __int128>(middle) *
-                                               partition_slices / partition_bytes);
+      const uint64_t index = EvenSplitPoint(partition_slices, partition_bytes, middle);
       s.round = range.ring_hop ? ring_arrival_ : GradlaneSliceRound(partition, index, peers_ + 1);
       queue_.Push(s);
       begin = next;

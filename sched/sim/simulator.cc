@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "sched/bandwidth_estimator.h"
+#include "sched/partitioner.h"
 #include "sched/shard_balance.h"
 
 namespace gradlane::sched::sim {
@@ -1159,7 +1160,7 @@ void Engine::RingSetUp() {
     std::vector<uint64_t>& bounds = ring_bounds_[t];
     for (uint64_t off = 0; off < bytes; off += partition) {
       const uint64_t elements = std::min(partition, bytes - off) / 4;
-      for (int c = 0; c < w_; ++c) bounds.push_back(off + 4 * (elements * c / w_));
+      for (int c = 0; c < w_; ++c) bounds.push_back(off + 4 * EvenSplitPoint(elements, w_, c));
     }
     bounds.push_back(bytes);
     // Per host: a reduce-scatter hop of every chunk but the two whose ring ends at or next to it

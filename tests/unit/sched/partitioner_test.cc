@@ -1,5 +1,6 @@
 #include "sched/partitioner.h"
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -164,6 +165,27 @@ TEST(CutRangeTest, FillsSegmentsFromTheRange) {
     EXPECT_EQ(s.iteration, 11);
     EXPECT_EQ(s.ready_at, 777);
   }
+}
+
+TEST(EvenSplitTest, PartsCoverTheWholeAndDifferByAtMostOne) {
+  for (uint64_t total :
+       {uint64_t{0}, uint64_t{1}, uint64_t{7}, uint64_t{1000}, uint64_t{4} << 20}) {
+    for (uint64_t parts : {uint64_t{1}, uint64_t{3}, uint64_t{8}, uint64_t{70}}) {
+      EXPECT_EQ(EvenSplitPoint(total, parts, 0), 0u);
+      EXPECT_EQ(EvenSplitPoint(total, parts, parts), total);
+      uint64_t shortest = total, longest = 0;
+      for (uint64_t k = 0; k < parts; ++k) {
+        const uint64_t length =
+            EvenSplitPoint(total, parts, k + 1) - EvenSplitPoint(total, parts, k);
+        shortest = std::min(shortest, length);
+        longest = std::max(longest, length);
+      }
+      EXPECT_LE(longest - shortest, 1u) << total << " / " << parts;
+    }
+  }
+  // k·total would overflow 64 bits: 2^40 parts of 2^40.
+  EXPECT_EQ(EvenSplitPoint(uint64_t{1} << 40, uint64_t{1} << 40, (uint64_t{1} << 40) - 1),
+            (uint64_t{1} << 40) - 1);
 }
 
 }  // namespace
