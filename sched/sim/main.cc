@@ -431,11 +431,8 @@ int main(int argc, char** argv) {
     const std::string bound_note =
         allreduce
             ? absl::StrCat("ideal = the all-reduce bound (", ideal->variant, ")")
-            : absl::StrFormat(
-                  "ideal bound from the %s%s (single-port relaxations alone: "
-                  "%.3f ms)",
-                  ideal->variant, absl::StartsWith(ideal->variant, "laggard") ? "" : " relaxation",
-                  ideal->single_port_mean_ns / 1e6);
+            : absl::StrFormat("ideal bound from the %s (single-port relaxations alone: %.3f ms)",
+                              ideal->variant, ideal->single_port_mean_ns / 1e6);
     std::cout << absl::StrFormat(
         "\n%s%s, W=%d, %.3g Gbit/s, θ=%.0f µs, latency=%.0f µs, %d+%d iterations%s; %s\n",
         profile->model, allreduce ? ", mode allreduce (ring)" : "", config.workers,

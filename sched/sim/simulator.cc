@@ -69,6 +69,17 @@ std::vector<std::vector<OwnedRange>> AssignShards(const ModelProfile& profile, i
   return owned;
 }
 
+// The shares that follow from T (mean_iteration_ns), C and N: the GPU's idle share (T − C) / T
+// and the overlap α = (N + C − T) / min(N, C).
+void DeriveShares(SimResult& r) {
+  const double t = r.mean_iteration_ns;
+  const double c = static_cast<double>(r.compute_ns);
+  const double n = r.comm_ns;
+  r.gpu_idle_share = t > 0 ? (t - c) / t : 0.0;
+  r.alpha =
+      n > 0 && c > 0 ? (n + c - t) / std::min(n, c) : std::numeric_limits<double>::quiet_NaN();
+}
+
 // The laggard chain (ps mode; simulator.h says why it bounds every schedule): the least time one
 // iteration can add to the latest start of the last layer's forward, G(k) = max_w G(k, w), given
 // that the host λ where G(k, λ) = G(k) carries all of its own uplink traffic of iteration k
@@ -682,9 +693,6 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory, std::string_
   result.mean_iteration_ns =
       static_cast<double>(latest_start(total_) - latest_start(config_.warmup_iterations)) /
       measured;
-  const double t = result.mean_iteration_ns;
-  const double c = static_cast<double>(result.compute_ns);
-  result.gpu_idle_share = t > 0 ? (t - c) / t : 0.0;
   double busiest = 0;
   for (Host& host : hosts_) {
     LinkStats s = host.stats;
@@ -697,9 +705,7 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory, std::string_
     result.links.push_back(s);
   }
   result.comm_ns = busiest * 8e9 / config_.bandwidth_bits_per_s;
-  const double n = result.comm_ns;
-  result.alpha =
-      n > 0 && c > 0 ? (n + c - t) / std::min(n, c) : std::numeric_limits<double>::quiet_NaN();
+  DeriveShares(result);
   result.rho = Rho(profile_, config_);
   result.events = processed_;
   return result;
@@ -1491,7 +1497,7 @@ absl::StatusOr<SimResult> SimulateIdeal(const ModelProfile& profile, const SimCo
       Engine engine(profile, config, /*ideal=*/true, IdealPorts{false, host, uplink});
       absl::StatusOr<SimResult> r = engine.Run(nullptr, "ideal");
       if (!r.ok()) return r.status();
-      r->variant = absl::StrCat("host ", host, uplink ? " uplink" : " downlink");
+      r->variant = absl::StrCat("host ", host, uplink ? " uplink" : " downlink", " relaxation");
       if (!bound.has_value() || r->mean_iteration_ns > bound->mean_iteration_ns) {
         bound = *std::move(r);
       }
@@ -1511,12 +1517,7 @@ absl::StatusOr<SimResult> SimulateIdeal(const ModelProfile& profile, const SimCo
     bound->variant = absl::StrCat("laggard chain, host ", chain.host, " uplink");
     bound->iteration_ns.assign(bound->iteration_ns.size(), chain.per_iteration_ns);
     bound->mean_iteration_ns = static_cast<double>(chain.per_iteration_ns);
-    const double t = bound->mean_iteration_ns;
-    const double c = static_cast<double>(bound->compute_ns);
-    const double comm = bound->comm_ns;
-    bound->gpu_idle_share = t > 0 ? (t - c) / t : 0.0;
-    bound->alpha = comm > 0 && c > 0 ? (comm + c - t) / std::min(comm, c)
-                                     : std::numeric_limits<double>::quiet_NaN();
+    DeriveShares(*bound);
   }
   return *std::move(bound);
 }

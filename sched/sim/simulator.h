@@ -237,7 +237,7 @@ struct ScheduleChange {
 
 struct SimResult {
   std::string policy;
-  std::string variant;               // the ideal bound: which port's relaxation gave it
+  std::string variant;  // the ideal bound: what gave it (a port's relaxation, the chain)
   std::vector<TimeNs> iteration_ns;  // T(k) for each measured iteration
   double mean_iteration_ns = 0;
   // The ideal bound in ps mode: the largest single-port relaxation's mean alone (the bound is
