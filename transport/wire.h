@@ -37,7 +37,8 @@ inline constexpr uint32_t kFrameMagic = 0x464E4C47u;
 // 3: gradlane's candidates 5 and 6 (the rules with another window); a version-2 follower
 // would ignore rank 0's choice of them and run another schedule than the rest of the job.
 // 4: the GPUDirect flags of kData frames (kFlagDeviceResult, kFlagRendezvous).
-inline constexpr uint8_t kProtocolVersion = 4;
+// 5: gradlane's candidate 7 (the rules with blocks of twice δ), as 3 did for 5 and 6.
+inline constexpr uint8_t kProtocolVersion = 5;
 
 enum class FrameType : uint8_t {
   kHello = 1,    // dialer → acceptor: job, rank, auth token (HelloBody)

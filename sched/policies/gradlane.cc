@@ -89,10 +89,10 @@ uint64_t GradlaneTakeBlock(ReadyQueue& queue, uint64_t block_bytes,
 }
 
 GradlanePolicy::GradlanePolicy(uint64_t key_partition_bytes, uint64_t fixed_credit_bytes,
-                               TimeNs overhead, double bandwidth, GradlaneWindowScale scale)
+                               TimeNs overhead, double bandwidth, GradlaneVariant variant)
     : key_partition_bytes_(key_partition_bytes),
       fixed_credit_bytes_(fixed_credit_bytes),
-      window_scale_(scale),
+      variant_(variant),
       overhead_(std::max(overhead, kMinOverheadNs)),
       bandwidth_(bandwidth) {
   peer_seen_.assign(size_t{1} << 16, false);
@@ -102,12 +102,12 @@ GradlanePolicy::GradlanePolicy(uint64_t key_partition_bytes, uint64_t fixed_cred
 }
 
 std::unique_ptr<GradlanePolicy> GradlanePolicy::Create(const PolicyConfig& config,
-                                                       GradlaneWindowScale scale) {
+                                                       GradlaneVariant variant) {
   const uint64_t key =
       config.partition_bytes != 0 ? config.partition_bytes : kGradlaneDefaultKeyPartitionBytes;
   return std::unique_ptr<GradlanePolicy>(
       new GradlanePolicy(key, config.credit_bytes, config.per_message_overhead_ns,
-                         config.initial_bandwidth_bytes_per_s, scale));
+                         config.initial_bandwidth_bytes_per_s, variant));
 }
 
 void GradlanePolicy::Resize() {
@@ -121,14 +121,15 @@ void GradlanePolicy::Resize() {
   }
   const uint64_t rule =
       GradlaneCreditBytes(bandwidth_, rtt, message_bytes_, overhead_, peers_, key_partition_bytes_);
-  switch (window_scale_) {
-    case GradlaneWindowScale::kHalf:
+  switch (variant_) {
+    case GradlaneVariant::kHalfWindow:
       capacity_ = rule / 2;
       break;
-    case GradlaneWindowScale::kDouble:
+    case GradlaneVariant::kDoubleWindow:
       capacity_ = rule > (uint64_t{1} << 61) ? rule : 2 * rule;
       break;
-    case GradlaneWindowScale::kOne:
+    case GradlaneVariant::kRules:
+    case GradlaneVariant::kDoubleBlocks:
       capacity_ = rule;
       break;
   }
@@ -206,7 +207,7 @@ bool GradlanePolicy::NextDispatch(TimeNs /*now*/, Dispatch& out) {
   out.bytes = 0;
   if (queue_.empty()) return false;
   if (!WindowAdmitsBlock()) return false;
-  uint64_t room = message_bytes_;
+  uint64_t room = variant_ == GradlaneVariant::kDoubleBlocks ? 2 * message_bytes_ : message_bytes_;
   if (in_use_ != 0) {
     const uint64_t free_charge = capacity_ - in_use_;
     const uint64_t theta_bytes = GradlaneChargeBytes(0, bandwidth_, overhead_);

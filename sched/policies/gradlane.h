@@ -98,7 +98,7 @@
 //   BO tuner (bo_tuner.h: tens of trials over continuous knobs) but gradlane_selector.h: one
 //   trial each of a handful of whole schedules, because where these rules lose it is mostly to
 //   a different kind of schedule (prophet's blocks, fifo's whole tensors). Two of those
-//   schedules are these rules with half and twice rule 4's window (GradlaneWindowScale): what
+//   schedules are these rules with half and twice rule 4's window (GradlaneVariant): what
 //   rule 4 cannot see is how deep the receivers' queues run — how many senders reach a receiver
 //   at once and how long their runs to it are, which the keys' sizes and the ready pattern
 //   decide — and the best window is up to 2x either side of it. Measured at θ = 3 µs, ρ = 1
@@ -107,6 +107,13 @@
 //   bert-base ρ 2 1 Gbit/s W 8 1.263, 1.169, 1.074. Neither a run term sized from the
 //   partitions actually in flight (1.16 and 1.33 on efficientnet_b0 and resnet50 at W 8,
 //   against 1.20 and 1.28) nor any one factor fits both kinds; a trial of each does.
+//   A third is these rules with blocks (rule 3) of up to 2δ, slices and window unchanged
+//   (GradlaneVariant::kDoubleBlocks): rule 1 charges every message the blocking of the one
+//   gradient that gates the next forward pass, but a block fused from a backlog delays only
+//   what becomes ready while it is on the wire, and how much does is the ready pattern's and
+//   the incast's. At W = 8 on squeezenet1_1 (10 Gbit/s, ρ 1; 268 messages per host and
+//   iteration, 10% of it θ) blocks of 2δ are 1.08x the bound against the rules' 1.12x; on
+//   most rows they are 0–8% slower (resnet152 at 10 Gbit/s: 1.16x against 1.08x).
 //
 // The figures above are the simulator's at θ = 50 µs (its default before tests/bench/theta.sh
 // measured 3 µs) unless they say otherwise; docs/simulator.md has every row at both.
@@ -178,18 +185,21 @@ uint32_t GradlaneSliceRound(uint32_t partition, uint64_t slice, uint32_t group);
 uint64_t GradlaneTakeBlock(ReadyQueue& queue, uint64_t block_bytes,
                            std::vector<Segment>& passed_over, std::vector<Segment>& block);
 
-// Rule 4's window as derived, or half or twice it: the outer loop's variants (rule 5).
-enum class GradlaneWindowScale : uint8_t { kOne, kHalf, kDouble };
+// The rules as derived, and the outer loop's variants of them (rule 5): half or twice rule 4's
+// window, or blocks (rule 3) of up to twice δ.
+enum class GradlaneVariant : uint8_t { kRules, kHalfWindow, kDoubleWindow, kDoubleBlocks };
 
-// The policy's name at each scale: "gradlane-rules", "gradlane-rules-window/2",
-// "gradlane-rules-window*2" (the outer loop's candidate names).
-constexpr std::string_view GradlaneRulesName(GradlaneWindowScale scale) {
-  switch (scale) {
-    case GradlaneWindowScale::kHalf:
+// The policy's name for each variant: "gradlane-rules", "gradlane-rules-window/2",
+// "gradlane-rules-window*2", "gradlane-rules-blocks*2" (the outer loop's candidate names).
+constexpr std::string_view GradlaneRulesName(GradlaneVariant variant) {
+  switch (variant) {
+    case GradlaneVariant::kHalfWindow:
       return "gradlane-rules-window/2";
-    case GradlaneWindowScale::kDouble:
+    case GradlaneVariant::kDoubleWindow:
       return "gradlane-rules-window*2";
-    case GradlaneWindowScale::kOne:
+    case GradlaneVariant::kDoubleBlocks:
+      return "gradlane-rules-blocks*2";
+    case GradlaneVariant::kRules:
       break;
   }
   return "gradlane-rules";
@@ -198,10 +208,10 @@ constexpr std::string_view GradlaneRulesName(GradlaneWindowScale scale) {
 class GradlanePolicy final : public Policy {
  public:
   // config is already validated by MakePolicy. A fixed config.credit_bytes is not scaled.
-  static std::unique_ptr<GradlanePolicy> Create(
-      const PolicyConfig& config, GradlaneWindowScale scale = GradlaneWindowScale::kOne);
+  static std::unique_ptr<GradlanePolicy> Create(const PolicyConfig& config,
+                                                GradlaneVariant variant = GradlaneVariant::kRules);
 
-  std::string_view name() const override { return GradlaneRulesName(window_scale_); }
+  std::string_view name() const override { return GradlaneRulesName(variant_); }
   void RegisterTensor(const TensorSpec& tensor) override;
   void OnReady(const ReadyRange& range, TimeNs now) override;
   void OnObservedReady(const ReadyRange& range, TimeNs now) override;
@@ -227,7 +237,7 @@ class GradlanePolicy final : public Policy {
 
  private:
   GradlanePolicy(uint64_t key_partition_bytes, uint64_t fixed_credit_bytes, TimeNs overhead,
-                 double bandwidth, GradlaneWindowScale scale);
+                 double bandwidth, GradlaneVariant variant);
 
   // Re-derives δ and the window from the current estimates (rules 1 and 4).
   void Resize();
@@ -238,7 +248,7 @@ class GradlanePolicy final : public Policy {
 
   uint64_t key_partition_bytes_;
   uint64_t fixed_credit_bytes_;  // PolicyConfig::credit_bytes; 0 = rule 4
-  GradlaneWindowScale window_scale_;
+  GradlaneVariant variant_;
   TimeNs overhead_;   // θ
   double bandwidth_;  // B, bytes/s
   TimeNs rtt_min_ = kNever;

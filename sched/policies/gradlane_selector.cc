@@ -24,11 +24,12 @@ absl::StatusOr<std::unique_ptr<GradlaneSelector>> GradlaneSelector::Create(
       const uint64_t own = DefaultPartitionBytes(name, DType::kF32);
       c.partition_bytes = c.partition_bytes == 0 ? own : std::min(c.partition_bytes, own);
     }
-    // The window variants are not policies of their own to a user, so MakePolicy does not know
+    // The rules' variants are not policies of their own to a user, so MakePolicy does not know
     // them; it has validated `config` (it builds the selector).
     std::unique_ptr<Policy> variant;
-    for (GradlaneWindowScale scale : {GradlaneWindowScale::kHalf, GradlaneWindowScale::kDouble}) {
-      if (name == GradlaneRulesName(scale)) variant = GradlanePolicy::Create(c, scale);
+    for (GradlaneVariant v : {GradlaneVariant::kHalfWindow, GradlaneVariant::kDoubleWindow,
+                              GradlaneVariant::kDoubleBlocks}) {
+      if (name == GradlaneRulesName(v)) variant = GradlanePolicy::Create(c, v);
     }
     absl::StatusOr<std::unique_ptr<Policy>> policy =
         variant != nullptr ? absl::StatusOr<std::unique_ptr<Policy>>(std::move(variant))

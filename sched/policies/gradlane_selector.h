@@ -114,13 +114,24 @@ namespace gradlane::sched {
 
 // The candidates MakePolicy("gradlane") tries, in trial order: gradlane's rules first (they
 // win ties and run the warm-up iteration), then the papers' schedules.
-// The last two are the rules with half and twice their window (rule 4 of gradlane.h): the
+// Then the rules with half and twice their window (rule 4 of gradlane.h): the
 // window rule models the queues at the receivers from the peer count and the key partition, and
 // the best window is up to 2x either side of it, depending on what no host measures (how many
 // senders share a receiver at once, how the keys' sizes run): a trial measures it.
-inline constexpr std::string_view kGradlaneCandidates[] = {
-    "gradlane-rules",         "prophet", "bytescheduler", "fifo", "p3", "gradlane-rules-window*2",
-    "gradlane-rules-window/2"};
+// Last, the rules with blocks of up to 2δ (rule 3): rule 1 prices a message by how long it
+// holds back the one gradient that gates the next forward pass, but a fused block of small
+// tensors holds back only what becomes ready while it is on the wire, which the ready pattern
+// decides. On models of many mid-size tensors at W = 8 (squeezenet1_1, 10 Gbit/s, ρ 1: 268
+// messages per host, their θ 10% of the iteration) the rules' messages are too many: blocks of
+// 2δ are 1.08x the bound against 1.12x; on most rows they are 0–8% slower (docs/simulator.md).
+inline constexpr std::string_view kGradlaneCandidates[] = {"gradlane-rules",
+                                                           "prophet",
+                                                           "bytescheduler",
+                                                           "fifo",
+                                                           "p3",
+                                                           "gradlane-rules-window*2",
+                                                           "gradlane-rules-window/2",
+                                                           "gradlane-rules-blocks*2"};
 inline constexpr int64_t kTrialIterations = 3;
 // The score is the mean period of a trial's last kScoredIterations iterations.
 inline constexpr int64_t kScoredIterations = 2;
@@ -143,13 +154,14 @@ inline constexpr uint8_t kCandidateMask = 0xf;
 inline constexpr uint8_t kMaxEpochsAhead = 3;
 inline constexpr uint32_t kMaxUnscoredRounds = 3;
 static_assert(std::size(kGradlaneCandidates) <= kCandidateMask);
-static_assert(kGradlaneCandidates[0] == GradlaneRulesName(GradlaneWindowScale::kOne) &&
-              kGradlaneCandidates[5] == GradlaneRulesName(GradlaneWindowScale::kDouble) &&
-              kGradlaneCandidates[6] == GradlaneRulesName(GradlaneWindowScale::kHalf));
+static_assert(kGradlaneCandidates[0] == GradlaneRulesName(GradlaneVariant::kRules) &&
+              kGradlaneCandidates[5] == GradlaneRulesName(GradlaneVariant::kDoubleWindow) &&
+              kGradlaneCandidates[6] == GradlaneRulesName(GradlaneVariant::kHalfWindow) &&
+              kGradlaneCandidates[7] == GradlaneRulesName(GradlaneVariant::kDoubleBlocks));
 // The iteration by which the leader has chosen at the latest, with every estimate it has
 // warm: the warm-up iteration, one trial of each candidate, and a runoff of all of them. A
 // benchmark's warm-up of at least this many iterations measures the chosen schedule only
-// (gradlane-sim's default warm-up, run-replay's for gradlane: 88, the next multiple of 8).
+// (gradlane-sim's default warm-up, run-replay's for gradlane: 104, the next multiple of 8).
 inline constexpr int64_t kLatestChoiceIteration =
     1 +
     static_cast<int64_t>(std::size(kGradlaneCandidates)) * (kTrialIterations + kRunoffIterations);
@@ -162,8 +174,8 @@ class GradlaneSelector final : public Policy {
   };
 
   // Builds kGradlaneCandidates from `config` (each as MakePolicy would build it by that name;
-  // the window variants as GradlanePolicy::Create with their GradlaneWindowScale). With a fixed
-  // config.credit_bytes the variants run the rules' window: three trials of one schedule.
+  // the rules' variants as GradlanePolicy::Create with their GradlaneVariant). With a fixed
+  // config.credit_bytes the window variants run the rules' window: trials of one schedule.
   static absl::StatusOr<std::unique_ptr<GradlaneSelector>> Create(const PolicyConfig& config);
   // Any candidates, in trial order (tests). Requires at least one; keeps the first 15.
   explicit GradlaneSelector(std::vector<Candidate> candidates);

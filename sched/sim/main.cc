@@ -59,17 +59,17 @@ ABSL_FLAG(double, latency_us, 25, "one-way latency, µs");
 ABSL_FLAG(double, aggregation_gbytes_per_s, 50,
           "shard summing rate over input bytes, GB/s; 0 = instantaneous");
 ABSL_FLAG(int, iterations, 10, "measured iterations");
-// 88: the gradlane policy tries its seven candidate schedules in iterations 1..21 (after one
+// 104: the gradlane policy tries its eight candidate schedules in iterations 1..24 (after one
 // warm-up iteration, kTrialIterations = 3 each: sched/policies/gradlane_selector.h), runs
-// those too close to the best for their own spread again from 22 (kRunoffIterations = 9 each:
-// choice at 40, 49 or 58 for two, three or four of them; all seven, kLatestChoiceIteration,
-// 85), and runs its choice from then on; that iteration still holds the last trial's backlog, and
-// the choice takes a few iterations to settle into its own steady state (up to six on the
-// small models at W = 8). A job runs thousands of iterations, so what it keeps is what its
-// users get. The trials' own cost: docs/simulator.md.
-// Long enough for gradlane's trials and the largest runoff, so that the measured window is its
-// choice's (every policy gets the same warm-up).
-constexpr int kDefaultWarmup = 88;
+// those too close to the best for their own spread again from 25 (kRunoffIterations = 9 each:
+// choice at 43, 52 or 61 for two, three or four of them; all eight, kLatestChoiceIteration,
+// 97; 104 is the next multiple of kTrialAlignIterations), and runs its choice from then on; that
+// iteration still holds the last trial's backlog, and the choice takes a few iterations to settle
+// into its own steady state (up to six on the small models at W = 8). A job runs thousands of
+// iterations, so what it keeps is what its users get. The trials' own cost: docs/simulator.md. Long
+// enough for gradlane's trials and the largest runoff, so that the measured window is its choice's
+// (every policy gets the same warm-up).
+constexpr int kDefaultWarmup = 104;
 static_assert(kDefaultWarmup >= gradlane::sched::kLatestChoiceIteration);
 ABSL_FLAG(int, warmup, kDefaultWarmup, "warm-up iterations (simulated, not measured)");
 ABSL_FLAG(double, start_skew_us, 0,

@@ -18,7 +18,7 @@
 #                                     [--policies LIST]
 # (--mode, --priorities and --policies go to run-replay: e.g. the set in all-reduce mode with
 # PACE's priorities)
-# (default iterations: resnet50 6 measured, vgg16 3, after run-replay's warm-up: 2, or 88 for
+# (default iterations: resnet50 6 measured, vgg16 3, after run-replay's warm-up: 2, or 104 for
 # gradlane, whose trials of its candidate schedules they cover; --iterations/--warmup set both
 # models)
 # Needs root (network namespaces; without them run-replay falls back to unshaped loopback and

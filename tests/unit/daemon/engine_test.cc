@@ -769,9 +769,9 @@ TEST_P(ScheduleAgreementTest, EveryRankRunsRankZerosChoice) {
               {{"a", 300 << 10, GL_DTYPE_F32, 0}, {"b", 70000, GL_DTYPE_BF16, 1}},
               5};
   job.mode = GetParam();
-  // One warm-up iteration, three for each of seven candidates, then from 22 on the choice or a
+  // One warm-up iteration, three for each of eight candidates, then from 25 on the choice or a
   // runoff of those too close to call: either way one decision that every rank runs.
-  constexpr int kIterations = 26;
+  constexpr int kIterations = 29;
   RunJob(cluster, job, kIterations, /*mean=*/false);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(cluster.Stats(i).jobs_failed, 0u) << "daemon " << i;
   std::lock_guard<std::mutex> l(mu);

@@ -411,17 +411,23 @@ TEST(GradlanePolicyTest, WindowAndMessageFollowTheEstimate) {
   EXPECT_EQ(p->credit_capacity(), window_fast);
 }
 
-// The outer loop's variants (gradlane_selector.h): the same rules with half and twice rule 4's
-// window, re-derived with it as the estimates move; the message size is rule 1's either way. A
-// window the user fixed is not scaled.
-TEST(GradlanePolicyTest, WindowVariantsScaleTheDerivedWindowOnly) {
+// The rules' config at 3 Gbit/s and kTheta, as the outer loop builds its variants from.
+PolicyConfig RulesAt375MBytesPerS() {
   PolicyConfig c;
   c.name = "gradlane-rules";
   c.initial_bandwidth_bytes_per_s = 375e6;
   c.per_message_overhead_ns = kTheta;
+  return c;
+}
+
+// The outer loop's variants (gradlane_selector.h): the same rules with half and twice rule 4's
+// window, re-derived with it as the estimates move; the message size is rule 1's either way. A
+// window the user fixed is not scaled.
+TEST(GradlanePolicyTest, WindowVariantsScaleTheDerivedWindowOnly) {
+  PolicyConfig c = RulesAt375MBytesPerS();
   auto one = GradlanePolicy::Create(c);
-  auto half = GradlanePolicy::Create(c, GradlaneWindowScale::kHalf);
-  auto twice = GradlanePolicy::Create(c, GradlaneWindowScale::kDouble);
+  auto half = GradlanePolicy::Create(c, GradlaneVariant::kHalfWindow);
+  auto twice = GradlanePolicy::Create(c, GradlaneVariant::kDoubleWindow);
   EXPECT_EQ(one->name(), "gradlane-rules");
   EXPECT_EQ(half->name(), "gradlane-rules-window/2");
   EXPECT_EQ(twice->name(), "gradlane-rules-window*2");
@@ -456,8 +462,67 @@ TEST(GradlanePolicyTest, WindowVariantsScaleTheDerivedWindowOnly) {
   EXPECT_GT(sent_twice, sent_one + sent_one / 2);
   EXPECT_LT(sent_before_ack(*half), sent_one * 3 / 4);
   c.credit_bytes = 1 << 20;
-  EXPECT_EQ(GradlanePolicy::Create(c, GradlaneWindowScale::kHalf)->credit_capacity(), 1u << 20);
-  EXPECT_EQ(GradlanePolicy::Create(c, GradlaneWindowScale::kDouble)->credit_capacity(), 1u << 20);
+  EXPECT_EQ(GradlanePolicy::Create(c, GradlaneVariant::kHalfWindow)->credit_capacity(), 1u << 20);
+  EXPECT_EQ(GradlanePolicy::Create(c, GradlaneVariant::kDoubleWindow)->credit_capacity(), 1u << 20);
+}
+
+// The third variant (gradlane_selector.h): blocks of up to twice δ. The slices, the window and
+// the order are the rules'; a backlog of small tensors for one peer goes in half as many
+// messages, each a prefix of that peer's queue in priority order.
+TEST(GradlanePolicyTest, BlocksVariantFusesUpToTwiceTheMessage) {
+  PolicyConfig c = RulesAt375MBytesPerS();
+  auto one = GradlanePolicy::Create(c);
+  auto blocks = GradlanePolicy::Create(c, GradlaneVariant::kDoubleBlocks);
+  EXPECT_EQ(blocks->name(), "gradlane-rules-blocks*2");
+  constexpr uint64_t kSmall = 3000;
+  constexpr uint32_t kTensors = 400;
+  struct Sent {
+    std::vector<uint64_t> bytes;
+    bool in_order = true;
+  };
+  auto drain = [&](GradlanePolicy& p) {
+    p.OnLinkEstimate(375e6, 100 * kMicrosecond);
+    for (uint32_t i = 0; i < kTensors; ++i)
+      p.OnReady(Range(i, static_cast<Priority>(kTensors - i), 1, kSmall), 0);
+    Sent sent;
+    Priority last = 0;
+    Dispatch d;
+    for (int guard = 0; guard < 10'000 && p.queued_segments() > 0; ++guard) {
+      if (!p.NextDispatch(0, d)) {
+        p.OnAcked(p.credit_in_use(), 0);  // every ack at once: the window never binds here
+        continue;
+      }
+      sent.bytes.push_back(d.bytes);
+      for (const Segment& s : d.segments) {
+        if (s.priority < last) sent.in_order = false;
+        last = s.priority;
+      }
+    }
+    return sent;
+  };
+  const Sent by_rules = drain(*one);
+  const Sent by_blocks = drain(*blocks);
+  ASSERT_EQ(blocks->message_bytes(), one->message_bytes()) << "rule 1 is the same";
+  ASSERT_EQ(blocks->credit_capacity(), one->credit_capacity()) << "rule 4 is the same";
+  const uint64_t delta = one->message_bytes();
+  ASSERT_GT(delta, 4 * kSmall) << "the premise: several tensors fit in one message";
+  EXPECT_TRUE(by_rules.in_order);
+  EXPECT_TRUE(by_blocks.in_order);
+  uint64_t total_rules = 0, total_blocks = 0;
+  for (uint64_t b : by_rules.bytes) {
+    EXPECT_LE(b, delta);
+    total_rules += b;
+  }
+  for (uint64_t b : by_blocks.bytes) {
+    EXPECT_LE(b, 2 * delta);
+    total_blocks += b;
+  }
+  EXPECT_EQ(total_rules, kTensors * kSmall);
+  EXPECT_EQ(total_blocks, kTensors * kSmall);
+  // All but the last message of each are full to within one tensor.
+  EXPECT_GT(by_blocks.bytes.front(), 2 * delta - kSmall);
+  EXPECT_GT(by_rules.bytes.front(), delta - kSmall);
+  EXPECT_LE(2 * by_blocks.bytes.size(), by_rules.bytes.size() + 2);
 }
 
 TEST(GradlanePolicyTest, AdaptsWhenTheBandwidthDropsMidRun) {
