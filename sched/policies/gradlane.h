@@ -112,8 +112,9 @@
 //   gradient that gates the next forward pass, but a block fused from a backlog delays only
 //   what becomes ready while it is on the wire, and how much does is the ready pattern's and
 //   the incast's. At W = 8 on squeezenet1_1 (10 Gbit/s, ρ 1; 268 messages per host and
-//   iteration, 10% of it θ) blocks of 2δ are 1.08x the bound against the rules' 1.12x; on
-//   most rows they are 0–8% slower (resnet152 at 10 Gbit/s: 1.16x against 1.08x).
+//   iteration, 10% of it θ) blocks of 2δ are 1.08x the bound against the rules' 1.12x; of 60
+//   sample rows they are faster on 7 and up to 8% slower on 25 (resnet152 at 10 Gbit/s, W 8:
+//   1.16x against 1.08x).
 //
 // The figures above are the simulator's at θ = 50 µs (its default before tests/bench/theta.sh
 // measured 3 µs) unless they say otherwise; docs/simulator.md has every row at both.

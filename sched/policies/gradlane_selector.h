@@ -123,7 +123,8 @@ namespace gradlane::sched {
 // tensors holds back only what becomes ready while it is on the wire, which the ready pattern
 // decides. On models of many mid-size tensors at W = 8 (squeezenet1_1, 10 Gbit/s, ρ 1: 268
 // messages per host, their θ 10% of the iteration) the rules' messages are too many: blocks of
-// 2δ are 1.08x the bound against 1.12x; on most rows they are 0–8% slower (docs/simulator.md).
+// 2δ are 1.08x the bound against 1.12x; of 60 sample rows they are faster on 7, up to 8% slower
+// on 25 (docs/simulator.md, "The blocks variant").
 inline constexpr std::string_view kGradlaneCandidates[] = {"gradlane-rules",
                                                            "prophet",
                                                            "bytescheduler",
