@@ -53,14 +53,15 @@
 //   docs/simulator.md, "ring hops in arrival order".
 // Rule 3, fusion (GradlaneTakeBlock). A dispatch is one message: the most urgent queued slice
 //   and, behind it, the next slices *for the same peer in priority order* while the block stays
-//   within δ. Slices for other peers that are passed over stay queued, in order, and go in the
-//   next dispatch: each peer's stream keeps the priority order (a block is a prefix of it), so
-//   consecutive small tensors of adjacent priority share one θ (Prophet's blocks, PACE's fusion
-//   of small tensors) while a big tensor's slices are messages of their own. Nothing is held
-//   back to wait for a tensor to fuse with: a backlog forms exactly when the link is busy (the
-//   window below is full), and then the queued slices are fused; when the link is idle a lone
-//   slice goes at once. This is how the observed ready pattern decides fusion: tensors that
-//   arrive faster than the link drains them are fused, tensors that arrive slowly are not.
+//   within δ (2δ in the blocks variant, rule 5). Slices for other peers that are passed over stay
+//   queued, in order, and go in the next dispatch: each peer's stream keeps the priority order (a
+//   block is a prefix of it), so consecutive small tensors of adjacent priority share one θ
+//   (Prophet's blocks, PACE's fusion of small tensors) while a big tensor's slices are messages of
+//   their own. Nothing is held back to wait for a tensor to fuse with: a backlog forms exactly when
+//   the link is busy (the window below is full), and then the queued slices are fused; when the
+//   link is idle a lone slice goes at once. This is how the observed ready pattern decides fusion:
+//   tensors that arrive faster than the link drains them are fused, tensors that arrive slowly are
+//   not.
 // Rule 4, window (GradlaneCreditBytes). The window counts link time, not bytes: a dispatch is
 //   charged its bytes + θ·B, so a window full of tiny messages is as full as one of big ones
 //   (a byte window admits hundreds of tiny messages whose θ then queues in the transport's
