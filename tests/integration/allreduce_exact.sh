@@ -11,6 +11,7 @@
 # sums are exact in any order: every rank must get the exact sum, and the daemons must have fused.
 #   allreduce_exact.sh GRADLANED GRADLANE-CHECK
 #   env: IT_ITERATIONS (20), IT_POLICIES ("fifo p3 bytescheduler prophet gradlane"),
+#        IT_FUSION_POLICIES (the fused jobs' policies: "p3 bytescheduler gradlane"),
 #        GL_TRANSPORT (tcp; dpdk runs the same over the DPDK transport with injected loss)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -115,7 +116,7 @@ for fusion in greedy pace; do
   done
   for W in 3 4; do
     GL_W=$W
-    for policy in p3 bytescheduler gradlane; do
+    for policy in ${IT_FUSION_POLICIES:-p3 bytescheduler gradlane}; do
       seed=$((seed + 1))
       it_job_start "fused-$fusion$W-$policy" "$policy" "$iters" "$seed" -- --quiet --mode=allreduce \
         --values=integer "$sizes"
