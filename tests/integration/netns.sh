@@ -7,6 +7,10 @@
 # port's egress). Where namespaces cannot be created (not root, no CAP_NET_ADMIN, or
 # GL_FORCE_LOOPBACK=1) the hosts are all 127.0.0.1 with their own ports and sockets, and the
 # library says so; a caller that needs namespaces gets exit code 77 (meson's "skipped").
+# GL_VETH_RPS=MASK (e.g. 3) sets that RPS CPU mask on every veth end: a veth hands each frame to
+# the backlog of the CPU that sent it, so a flow whose sender moves between CPUs arrives
+# reordered (TCP then retransmits spuriously); RPS keeps each flow on one CPU's backlog, at
+# some kernel CPU (docs/benchmarks.md, "Why TCP retransmits here"). Off by default.
 #
 # Guarantees: every wait is bounded; `gl_cleanup` (installed as an EXIT trap by `gl_env_init`,
 # also run on INT/TERM) kills every process the library started and every process left in its
@@ -142,6 +146,11 @@ gl_env_init() {
       ip -n "${GL_NS[i]}" link set lo up
       ip -n "${GL_NS[i]}" link set eth0 mtu "$GL_MTU" up
       ip -n "${GL_NS[i]}" addr add "${GL_IP[i]}/24" dev eth0
+      if [[ -n ${GL_VETH_RPS:-} ]]; then
+        ip netns exec "${GL_NS[i]}" sh -c "echo $GL_VETH_RPS > /sys/class/net/eth0/queues/rx-0/rps_cpus" &&
+          ip netns exec "$GL_SWITCH" sh -c "echo $GL_VETH_RPS > /sys/class/net/p$i/queues/rx-0/rps_cpus" ||
+          gl_log "GL_VETH_RPS=$GL_VETH_RPS: could not set the RPS mask of host $i's veth (left as it was)"
+      fi
     done
     if [[ -n $GL_RATE ]]; then gl_shape "$GL_RATE" || return 2; fi
     # (no ping here: a TCP connect to a closed port answers "refused" once the path works).
