@@ -187,11 +187,14 @@ ModelProfile Uniform(int n, uint64_t bytes, int fwd_us, int bwd_us) {
   return MustParse(json);
 }
 
-// Checked-in profiles plus two synthetic shapes: a VGG-like one (one huge layer near the
-// output) and a stepwise one (gradients released in groups). Under GRADLANE_SIM_QUICK (the
-// sanitizer builds) every third checked-in profile: the same code paths at a third of the cost;
-// the plain build checks them all.
-std::vector<std::pair<std::string, ModelProfile>> Profiles() {
+// How many checked-in profiles the every-profile sweeps step by: 1, or 3 under GRADLANE_SIM_QUICK
+// (the sanitizer builds: the same code paths at a third of the cost; the plain build checks them
+// all).
+size_t SweepStride() { return std::getenv("GRADLANE_SIM_QUICK") != nullptr ? 3 : 1; }
+
+// Every `stride`-th checked-in profile plus two synthetic shapes: a VGG-like one (one huge layer
+// near the output) and a stepwise one (gradients released in groups).
+std::vector<std::pair<std::string, ModelProfile>> Profiles(size_t stride = SweepStride()) {
   std::vector<std::pair<std::string, ModelProfile>> out;
   const char* root = std::getenv("GRADLANE_SOURCE_ROOT");
   EXPECT_NE(root, nullptr) << "meson sets GRADLANE_SOURCE_ROOT";
@@ -202,7 +205,6 @@ std::vector<std::pair<std::string, ModelProfile>> Profiles() {
       if (e.path().extension() == ".json") files.push_back(e.path());
     }
     std::sort(files.begin(), files.end());
-    const size_t stride = std::getenv("GRADLANE_SIM_QUICK") != nullptr ? 3 : 1;
     for (size_t i = 0; i < files.size(); i += stride) {
       const std::filesystem::path& f = files[i];
       std::ifstream in(f);
@@ -648,7 +650,7 @@ TEST(SimulatorTest, PriorityBeatsFifoWhenCommunicationMatchesCompute) {
 
 // tests/data/models/<file> (empty layers when it is missing: the caller asserts).
 ModelProfile ProfileNamed(std::string_view file) {
-  for (auto& [name, profile] : Profiles()) {
+  for (auto& [name, profile] : Profiles(/*stride=*/1)) {
     if (name == file) return profile;
   }
   return {};
