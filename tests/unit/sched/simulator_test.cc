@@ -187,14 +187,24 @@ ModelProfile Uniform(int n, uint64_t bytes, int fwd_us, int bwd_us) {
   return MustParse(json);
 }
 
-// How many checked-in profiles the every-profile sweeps step by: 1, or 3 under GRADLANE_SIM_QUICK
-// (the sanitizer builds: the same code paths at a third of the cost; the plain build checks them
-// all).
-size_t SweepStride() { return std::getenv("GRADLANE_SIM_QUICK") != nullptr ? 3 : 1; }
+// tests/data/models/<file> under GRADLANE_SOURCE_ROOT, parsed (empty layers when the root is
+// unset or the file is missing: the caller asserts).
+ModelProfile ProfileNamed(const std::filesystem::path& file) {
+  const char* root = std::getenv("GRADLANE_SOURCE_ROOT");
+  EXPECT_NE(root, nullptr) << "meson sets GRADLANE_SOURCE_ROOT";
+  if (root == nullptr) return {};
+  std::ifstream in(std::filesystem::path(root) / "tests/data/models" / file);
+  if (!in) return {};
+  std::stringstream text;
+  text << in.rdbuf();
+  return MustParse(text.str());
+}
 
-// Every `stride`-th checked-in profile plus two synthetic shapes: a VGG-like one (one huge layer
-// near the output) and a stepwise one (gradients released in groups).
-std::vector<std::pair<std::string, ModelProfile>> Profiles(size_t stride = SweepStride()) {
+// Checked-in profiles plus two synthetic shapes: a VGG-like one (one huge layer near the
+// output) and a stepwise one (gradients released in groups). Under GRADLANE_SIM_QUICK (the
+// sanitizer builds) every third checked-in profile: the same code paths at a third of the cost;
+// the plain build checks them all.
+std::vector<std::pair<std::string, ModelProfile>> Profiles() {
   std::vector<std::pair<std::string, ModelProfile>> out;
   const char* root = std::getenv("GRADLANE_SOURCE_ROOT");
   EXPECT_NE(root, nullptr) << "meson sets GRADLANE_SOURCE_ROOT";
@@ -205,12 +215,9 @@ std::vector<std::pair<std::string, ModelProfile>> Profiles(size_t stride = Sweep
       if (e.path().extension() == ".json") files.push_back(e.path());
     }
     std::sort(files.begin(), files.end());
+    const size_t stride = std::getenv("GRADLANE_SIM_QUICK") != nullptr ? 3 : 1;
     for (size_t i = 0; i < files.size(); i += stride) {
-      const std::filesystem::path& f = files[i];
-      std::ifstream in(f);
-      std::stringstream text;
-      text << in.rdbuf();
-      out.emplace_back(f.filename().string(), MustParse(text.str()));
+      out.emplace_back(files[i].filename().string(), ProfileNamed(files[i].filename()));
     }
   }
   out.emplace_back("synthetic-vgg", MustParse(R"({"model": "vgg-like", "layers": [
@@ -646,14 +653,6 @@ TEST(SimulatorTest, PriorityBeatsFifoWhenCommunicationMatchesCompute) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_LT(r->mean_iteration_ns, 0.95 * fifo->mean_iteration_ns);
   }
-}
-
-// tests/data/models/<file> (empty layers when it is missing: the caller asserts).
-ModelProfile ProfileNamed(std::string_view file) {
-  for (auto& [name, profile] : Profiles(/*stride=*/1)) {
-    if (name == file) return profile;
-  }
-  return {};
 }
 
 // A policy's configuration as gradlane-sim makes it for a run of `c` whose keys are `unit`
