@@ -3,6 +3,9 @@
 
     /usr/bin/python3 tests/data/models/make_profiles.py            # all models, writes JSON here
     /usr/bin/python3 tests/data/models/make_profiles.py resnet18   # just one
+    /usr/bin/python3 tests/data/models/make_profiles.py --out /tmp/p regnet_y_400mf
+        # any other torchvision classification model, written to /tmp/p (a model this project
+        # did not develop with: how docs/simulator.md checks the policy on unseen models)
 
 Needs Debian's python3-torch / python3-torchvision and libopenblas0-openmp
 (`deploy/install-deps.sh --profiles`); without an optimised BLAS linear layers run ~30x too
@@ -196,26 +199,44 @@ def build(name, batch):
     return model, (x,), lambda out: F.cross_entropy(out, y)
 
 
+def param_layers(model, inputs):
+    """The model's layers: [(name, module, [its parameters])] in named_modules order.
+
+    A layer is a module that the forward pass calls and that owns parameters. A module whose
+    parameters a parent uses without calling it (nn.MultiheadAttention's out_proj in vit_b_16,
+    the qkv and proj Linears of torchvision's swin_t, whose attention is a function of their
+    weights) is merged into its nearest ancestor that is called: its gradient is produced in that
+    ancestor's backward, and it has no forward of its own to time."""
+    called = set()
+    hooks = [m.register_forward_pre_hook(lambda mod, _inp: called.add(id(mod)))
+             for m in model.modules()]
+    with torch.no_grad():
+        model(*inputs)
+    for h in hooks:
+        h.remove()
+    modules = dict(model.named_modules())
+    params_of = {}  # id(layer module) -> its parameters, own and merged
+    for n, m in model.named_modules():
+        own = list(m.parameters(recurse=False))
+        if not own:
+            continue
+        host, parts = m, n.split(".") if n else []
+        while id(host) not in called and parts:
+            parts = parts[:-1]
+            host = modules[".".join(parts)]
+        if id(host) not in called:
+            sys.exit(f"{n}: owns parameters, but neither it nor any module above it is called "
+                     "by the forward pass")
+        params_of.setdefault(id(host), []).extend(own)
+    return [(n, m, params_of[id(m)]) for n, m in model.named_modules() if id(m) in params_of]
+
+
 def profile(name, batch):
     torch.manual_seed(0)
     model, inputs, loss_fn = build(name, batch)
     model.train()
-    # nn.MultiheadAttention (vit_b_16) uses its out_proj's weight without calling out_proj:
-    # that Linear is merged into the attention module, whose forward it belongs to.
-    merged_into = {}
-    for m in model.modules():
-        if isinstance(m, nn.MultiheadAttention):
-            merged_into[id(m.out_proj)] = m
-    layers = [(n, m) for n, m in model.named_modules()
-              if any(True for _ in m.parameters(recurse=False)) and id(m) not in merged_into]
-    idx_of = {id(m): i for i, (_, m) in enumerate(layers)}
-
-    def own_params(m):
-        ps = list(m.parameters(recurse=False))
-        for c in m.children():
-            if merged_into.get(id(c)) is m:
-                ps += list(c.parameters(recurse=False))
-        return ps
+    layers = param_layers(model, inputs)
+    idx_of = {id(m): i for i, (_, m, _) in enumerate(layers)}
     starts, calls, ready = {}, [], {}
 
     def pre_hook(mod, _inp):
@@ -224,9 +245,9 @@ def profile(name, batch):
         starts[i] = clock()
         calls.append(i)
 
-    for _, m in layers:
+    for _, m, params in layers:
         m.register_forward_pre_hook(pre_hook)
-        for p in own_params(m):
+        for p in params:
             def grad_hook(g, i=idx_of[id(m)]):
                 assert threading.get_ident() == MAIN_THREAD, "backward left the main thread"
                 ready[i] = max(ready.get(i, 0), clock())
@@ -262,7 +283,7 @@ def profile(name, batch):
     ready_med = [statistics.median(r[k] for r in ready_runs) / 1e3 for k in range(n)]
     iter_ms = [(sum(f) + r[0]) / 1e6 for f, r in zip(fwd_runs, ready_runs)]
     names = [layers[i][0] for i in order]
-    pbytes = [4 * sum(p.numel() for p in own_params(layers[i][1])) for i in order]
+    pbytes = [4 * sum(p.numel() for p in layers[i][2]) for i in order]
     return dict(names=names, param_bytes=pbytes, fwd_us=fwd_med, ready_us=ready_med,
                 bad_order=bad_order, iter_ms=iter_ms,
                 params=sum(p.numel() for p in model.parameters()))
@@ -326,9 +347,14 @@ def count_macs(name):
     return total[0]
 
 
+# A torchvision model that REFERENCES does not list: its time is MAC-scaled like the others, its
+# parameter count is not checked, and it is profiled at a small batch to keep the run short.
+OTHER_MODEL = dict(img_s=None, profile_batch=4, expect_params=None)
+
+
 def reference_ms(name, macs):
     """(fwd+bwd ms at batch 32, text saying where it comes from)."""
-    ref = REFERENCES[name]
+    ref = REFERENCES.get(name, OTHER_MODEL)
     if ref["img_s"] is not None:
         ms = BATCH / ref["img_s"] * 1e3
         return ms, (f"{ms:.1f} ms = {BATCH} / {ref['img_s']:g} img/s, the published batch-{BATCH} "
@@ -363,10 +389,21 @@ def check_blas():
 def main():
     torch.set_num_threads(1)
     check_blas()
-    wanted = sys.argv[1:] or list(REFERENCES)
+    args = sys.argv[1:]
+    out_dir = HERE
+    if args[:1] == ["--out"]:
+        if len(args) < 2:
+            sys.exit("--out needs a directory")
+        out_dir, args = args[1], args[2:]
+        os.makedirs(out_dir, exist_ok=True)
+    wanted = args or list(REFERENCES)
+    for name in wanted:
+        if name not in REFERENCES and not hasattr(torchvision.models, name):
+            sys.exit(f"{name}: neither one of this script's models ({', '.join(REFERENCES)}) "
+                     f"nor a torchvision model")
     macs = {n: count_macs(n) for n in set(wanted) | {ANCHOR}}
     for name in wanted:
-        ref = REFERENCES[name]
+        ref = REFERENCES.get(name, OTHER_MODEL)
         ref_ms, ref_text = reference_ms(name, macs)
         t = time.time()
         m = profile(name, ref["profile_batch"])
@@ -381,7 +418,10 @@ def main():
         ready = [sum(bwd[k:]) for k in range(n)]
         step, k_blocks, used = stepwise_ready(ready)
         fwd_ms, bwd_ms = sum(fwd) / 1e3, sum(bwd) / 1e3
-        ok = "OK" if m["params"] == ref["expect_params"] else f"EXPECTED {ref['expect_params']:,}"
+        if ref["expect_params"] is None:
+            ok = "not checked"
+        else:
+            ok = "OK" if m["params"] == ref["expect_params"] else f"EXPECTED {ref['expect_params']:,}"
         print(f"{name}: {n} layers, {m['params']:,} params ({m['params'] / 1e6:.1f}M, {ok}), "
               f"{sum(m['param_bytes']) / 2**20:.1f} MiB fp32, {macs[name] / 1e9:.2f} GMAC/sample; "
               f"CPU batch {ref['profile_batch']}: median fwd+bwd {cpu_ms:.0f} ms (iters "
@@ -409,11 +449,11 @@ def main():
             f"sum(fwd_us)+sum(bwd_us) = {ref_text}. Result: fwd {fwd_ms:.1f} ms + bwd "
             f"{bwd_ms:.1f} ms. Only that total comes from the GPU figure; the per-layer split "
             f"and the fwd/bwd ratio are CPU shares. Made by tests/data/models/make_profiles.py.")
-        write(os.path.join(HERE, f"{name}.json"), name, BATCH,
+        write(os.path.join(out_dir, f"{name}.json"), name, BATCH,
               common + " ready_us: strict reverse order as on a CPU (= cumulative bwd_us from "
               "the last layer).",
               m["names"], m["param_bytes"], fwd, bwd, ready)
-        write(os.path.join(HERE, f"{name}-stepwise.json"), name, BATCH,
+        write(os.path.join(out_dir, f"{name}-stepwise.json"), name, BATCH,
               common + f" ready_us: STEPWISE release as GPU frameworks do (Prophet, ICPP'21, "
               f"Fig. 4): the backward time T is cut into K = round(sqrt({n} layers)) = {k_blocks} "
               f"equal slices; a layer whose strict ready time r lies in slice ceil(K*r/T) is "
