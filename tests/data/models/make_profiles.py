@@ -4,8 +4,9 @@
     /usr/bin/python3 tests/data/models/make_profiles.py            # all models, writes JSON here
     /usr/bin/python3 tests/data/models/make_profiles.py resnet18   # just one
     /usr/bin/python3 tests/data/models/make_profiles.py --out /tmp/p regnet_y_400mf
-        # any other torchvision classification model, written to /tmp/p (a model this project
-        # did not develop with: how docs/simulator.md checks the policy on unseen models)
+        # another torchvision classification model (torchvision.models.list_models(); not
+        # inception_v3, whose training forward returns its auxiliary output too), written to
+        # /tmp/p: how docs/simulator.md checks the policy on models we did not develop with
 
 Needs Debian's python3-torch / python3-torchvision and libopenblas0-openmp
 (`deploy/install-deps.sh --profiles`); without an optimised BLAS linear layers run ~30x too
@@ -397,10 +398,11 @@ def main():
         out_dir, args = args[1], args[2:]
         os.makedirs(out_dir, exist_ok=True)
     wanted = args or list(REFERENCES)
+    known = set(torchvision.models.list_models(module=torchvision.models))
     for name in wanted:
-        if name not in REFERENCES and not hasattr(torchvision.models, name):
+        if name not in REFERENCES and name not in known:
             sys.exit(f"{name}: neither one of this script's models ({', '.join(REFERENCES)}) "
-                     f"nor a torchvision model")
+                     f"nor a torchvision classification model ({', '.join(sorted(known))})")
     macs = {n: count_macs(n) for n in set(wanted) | {ANCHOR}}
     for name in wanted:
         ref = REFERENCES.get(name, OTHER_MODEL)

@@ -134,7 +134,7 @@ TEST(ModelProfileTest, EveryCheckedInProfileParses) {
   ASSERT_NE(root, nullptr) << "meson sets GRADLANE_SOURCE_ROOT";
   const std::filesystem::path dir = std::filesystem::path(root) / "tests/data/models";
   int parsed = 0;
-  // Recursive: the held-out profiles (held-out/) are read by no other test.
+  // Recursive: the held-out profiles (held-out/) are read by no other unit test.
   for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
     if (entry.path().extension() != ".json") continue;
     std::ifstream in(entry.path());
