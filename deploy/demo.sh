@@ -6,9 +6,9 @@
 # by sleeping, gradients through the real daemons): with fifo (no scheduling), bytescheduler
 # (the strongest of the papers' schedules here) and gradlane (the daemon's default: it times
 # its candidate schedules in its first 104 iterations and keeps the fastest). Every policy
-# gets those 104 warm-up iterations, so each is measured as far into its run as gradlane is
-# (iterations late in a run are a few per cent slower here: docs/benchmarks.md §1f). Prints
-# the measured iterations side by side with the simulator's prediction.
+# gets those 104 warm-up iterations, so all are measured equally far into their runs (about
+# 3 minutes in all). Prints the measured iterations side by side with the simulator's
+# prediction.
 # The harness is tests/bench/run-replay (docs/benchmarks.md); this script only builds and
 # formats its output.
 #   deploy/demo.sh                          resnet50 at 3gbit
@@ -32,7 +32,7 @@ ninja -C "$bdir" -j"$(nproc)" sched/gradlane-sim daemon/gradlaned tests/bench/gr
 out=$(mktemp -d /tmp/gradlane-demo.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 echo "demo: 3 hosts, $rate each way; replaying $profile: $iterations measured iterations per" \
-  "policy (${policies[*]}) after $warmup warm-up (about $((warmup / 2 + 30)) s a policy)"
+  "policy (${policies[*]}) after $warmup warm-up"
 rc=0
 tests/bench/run-replay --profile "$profile" --bandwidth "$rate" --workers 3 \
   --policies "$(IFS=,; echo "${policies[*]}")" --iterations "$iterations" --warmup "$warmup" \
