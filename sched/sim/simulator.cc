@@ -490,6 +490,7 @@ class Engine {
   std::priority_queue<Event, std::vector<Event>, EventLater> events_;
   uint64_t seq_ = 0;
   int64_t processed_ = 0;
+  int64_t since_progress_ = 0;  // events since a worker last finished a layer's compute
   absl::Status error_;
 };
 
@@ -588,13 +589,15 @@ absl::StatusOr<SimResult> Engine::Run(const PolicyFactory* factory, std::string_
   while (!events_.empty() && error_.ok()) {
     const Event e = events_.top();
     events_.pop();
-    if (++processed_ > config_.max_events) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(label, ": more than ", config_.max_events,
-                       " events; the policy seems to make no progress"));
+    ++processed_;
+    if (++since_progress_ > config_.max_events_without_progress) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          label, ": more than ", config_.max_events_without_progress,
+          " events without a layer's compute finishing; the schedule makes no progress"));
     }
     switch (e.type) {
       case EventType::kComputeDone: {
+        since_progress_ = 0;
         Worker& wk = workers_[e.host];
         wk.busy = false;
         if (wk.layer < num_layers) {

@@ -206,8 +206,12 @@ struct SimConfig {
   bool live_link_estimates = true;
   // Per-layer priorities (0 = most urgent); empty = layer index.
   std::vector<Priority> priorities;
-  // Safety valve against a runaway policy (e.g. one that dispatches zero-byte segments).
-  int64_t max_events = 400'000'000;
+  // Safety valve against a runaway policy (one that keeps waking up but never lets a layer's
+  // compute finish): the run fails after this many events with no compute finishing on any
+  // worker. Not a cap on the whole run: how many events a run needs grows with the bytes, W² and
+  // the iterations (the fluid reference on vgg16 at 2 Gbit/s, W = 16 needs more than 400
+  // million), and a fixed total failed such a run that was making progress.
+  int64_t max_events_without_progress = 400'000'000;
 };
 
 // The key size of the key → shard assignment in ps mode: shard_partition_bytes, or the balance

@@ -113,6 +113,14 @@ class Mute : public RefFifo {
   bool NextDispatch(TimeNs, Dispatch&) override { return false; }
 };
 
+// Keeps a timer running but never sends: time moves on while nothing else does. The engine
+// must give up on it by its progress guard, not run forever.
+class Spinner : public RefFifo {
+ public:
+  bool NextDispatch(TimeNs, Dispatch&) override { return false; }
+  TimeNs NextWakeup(TimeNs now) const override { return now + 1000; }
+};
+
 // Breaks the contract in a configurable way: the engine must say so, not mis-simulate.
 class Broken : public RefFifo {
  public:
@@ -828,6 +836,34 @@ TEST(SimulatorTest, AStalledPolicyIsAnErrorNotAHang) {
       [] { return absl::StatusOr<std::unique_ptr<Policy>>(std::make_unique<Mute>()); }, "mute");
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("stalled"));
+}
+
+TEST(SimulatorTest, APolicyThatSpinsWithoutProgressIsAnErrorNotAHang) {
+  const ModelProfile p = Uniform(2, 1000, 10, 10);
+  SimConfig c = SmallConfig(1e9);
+  c.max_events_without_progress = 100'000;
+  absl::StatusOr<SimResult> r = Simulate(
+      p, c, [] { return absl::StatusOr<std::unique_ptr<Policy>>(std::make_unique<Spinner>()); },
+      "spinner");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("no progress"));
+}
+
+TEST(SimulatorTest, TheProgressGuardDoesNotCapALongRunThatProgresses) {
+  // The guard counts events since a layer's compute last finished, not in the whole run: a run
+  // of many more events than the guard, each layer's wait far below it, completes.
+  const ModelProfile p = Uniform(8, 200'000, 50, 50);
+  SimConfig c = SmallConfig(1e9);
+  c.measured_iterations = 20;
+  const PolicyFactory f = ReferencePolicies()[1].factory;
+  absl::StatusOr<SimResult> unguarded = Simulate(p, c, f, "ref");
+  ASSERT_TRUE(unguarded.ok()) << unguarded.status();
+  c.max_events_without_progress = unguarded->events / 10;
+  absl::StatusOr<SimResult> guarded = Simulate(p, c, f, "ref");
+  ASSERT_TRUE(guarded.ok()) << guarded.status();
+  EXPECT_EQ(guarded->events, unguarded->events);
+  EXPECT_EQ(guarded->mean_iteration_ns, unguarded->mean_iteration_ns);
 }
 
 TEST(SimulatorTest, ContractBreachesAreErrors) {
