@@ -316,34 +316,26 @@ def write(path, model, batch, reference, names, pbytes, fwd, bwd, ready):
         f.write("\n".join(lines) + "\n")
 
 
+# The ATen operators that do a model's multiply-accumulates, each with a flop formula in the
+# PyTorch profiler (2 flops per multiply-accumulate). Counting operators, not modules, sees the
+# matmuls a model applies as functions: attention's q·kᵀ and softmax·v, and Linear weights
+# applied with F.linear (swin_t's qkv and proj), which module hooks miss. Elementwise mul/add,
+# which the profiler also counts, are not multiply-accumulates of a layer and are left out.
+MAC_OPS = ("aten::conv2d", "aten::mm", "aten::addmm", "aten::bmm")
+
+
 def count_macs(name):
-    """Multiply-accumulates of one sample's forward pass: Conv2d and Linear modules (hooks),
-    plus the two attention matmuls per BERT layer (2 * seq^2 * d_model), which are not modules."""
+    """Multiply-accumulates of one sample's forward pass, from the profiler's flop counts of
+    MAC_OPS. For every profile made before the count used the profiler (by module hooks on
+    Conv2d and Linear plus the attention matmuls by hand) it gives the same number exactly."""
     model, inputs, _ = build(name, 1)
-    total = [0]
-
-    def hook(mod, _inp, out):
-        if isinstance(mod, nn.MultiheadAttention):
-            # vit_b_16's attention: the Q/K/V and output projections (the latter is a Linear
-            # submodule that the hook below does not see, since MultiheadAttention calls its
-            # weight directly) and the two seq x seq matmuls.
-            seq, d = out[0].shape[1], mod.embed_dim
-            total[0] += 4 * seq * d * d + 2 * seq * seq * d
-            return
-        if isinstance(mod, nn.Conv2d):
-            k = mod.kernel_size[0] * mod.kernel_size[1] * mod.in_channels // mod.groups
-            total[0] += out.numel() * k
-        else:
-            total[0] += out.numel() * mod.in_features
-
-    for m in model.modules():
-        if isinstance(m, (nn.Conv2d, nn.Linear, nn.MultiheadAttention)):
-            m.register_forward_hook(hook)
-    with torch.no_grad():
+    with torch.no_grad(), torch.profiler.profile(with_flops=True) as prof:
         model(*inputs)
-    if name == "bert-base":
-        total[0] += len(model.encoder) * 2 * SEQ * SEQ * 768
-    return total[0]
+    flops = sum(e.flops for e in prof.key_averages() if e.key in MAC_OPS)
+    if flops <= 0:
+        sys.exit(f"make_profiles: the profiler counted no flops for {name} (torch "
+                 f"{torch.__version__}); its time cannot be scaled")
+    return flops // 2
 
 
 # A torchvision model that REFERENCES does not list: its time is MAC-scaled like the others, its
